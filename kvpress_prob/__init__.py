@@ -1,0 +1,1 @@
+"""kvpress-prob: probabilistic KV cache eviction with decode-time SNIS correction."""
