@@ -1,0 +1,247 @@
+"""Proposal distributions over the prefix of one layer, one per KV head.
+
+A proposal maps one layer's prefill state (module, hidden states, keys, values, the forward kwargs
+with the position embeddings) to a tensor pi of shape (batch, kv_heads, n): finite, strictly
+positive, summing to 1 over the n prefix positions. The sampling press draws the kept entries
+from it (METHOD.md section 2).
+
+Every proposal ends with the same two steps (``Proposal.__call__``):
+- optional head sharing: the mean over the layer's KV heads, shared by all of them;
+- a uniform floor: pi <- (1 - floor) * pi + floor / n, so that every entry can be drawn.
+
+Grouped-query attention: a KV head's proposal is the mean of its query heads' proposals, each
+normalised first, so every query head's support is covered.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from kvpress.presses.scorer_press import ScorerPress
+from kvpress.utils import get_prerope_query_states
+from torch import nn
+from transformers.models.llama.modeling_llama import rotate_half
+
+
+@dataclass(kw_only=True)
+class Proposal:
+    """Base class. Subclasses implement ``weights`` (non-negative, any scale).
+
+    Parameters
+    ----------
+    floor : float, default 0.01
+        Mass of the uniform component mixed in, in [0, 1): every entry has pi_i >= floor / n.
+    head_shared : bool, default False
+        Share one proposal (the mean over the layer's KV heads) across all KV heads of the layer.
+    """
+
+    floor: float = 0.01
+    head_shared: bool = False
+
+    def __post_init__(self):
+        if not 0.0 <= self.floor < 1.0:
+            raise ValueError(f"floor must be in [0, 1), got {self.floor}")
+
+    def weights(self, module: nn.Module, hidden_states, keys, values, kwargs) -> torch.Tensor:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def __call__(self, module: nn.Module, hidden_states, keys, values, kwargs) -> torch.Tensor:
+        w = self.weights(module, hidden_states, keys, values, kwargs).float()  # (b, H_kv, n)
+        pi = normalise(w, name=f"{type(self).__name__} weights")
+        if self.head_shared:
+            pi = pi.mean(dim=1, keepdim=True).expand_as(pi).contiguous()
+        n = pi.shape[-1]
+        return (1.0 - self.floor) * pi + self.floor / n
+
+
+def normalise(w: torch.Tensor, name: str = "weights") -> torch.Tensor:
+    """w (..., n) finite, >= 0, each row with a positive sum -> rows summing to 1. Else ValueError."""
+    if not torch.isfinite(w).all():
+        raise ValueError(f"{name} must be finite (got NaN or Inf)")
+    if (w < 0).any():
+        raise ValueError(f"{name} must be non-negative (got a minimum of {w.min().item():.3g})")
+    total = w.sum(dim=-1, keepdim=True)
+    if (total <= 0).any():
+        raise ValueError(f"{name} must have a positive sum for every head (got an all-zero row)")
+    return w / total
+
+
+def scores_to_weights(scores: torch.Tensor) -> torch.Tensor:
+    """Map scorer scores (b, H_kv, n), any sign, to non-negative weights by shift: s - min_i s.
+
+    A constant row (no information) becomes uniform. NaN / Inf and all-zero rows are errors.
+    """
+    scores = scores.float()
+    if not torch.isfinite(scores).all():
+        raise ValueError("scores must be finite (the scorer returned NaN or Inf)")
+    if (scores == 0).all(dim=-1).any():
+        raise ValueError("scores are all zero for a head: the scorer gives no information to sample from")
+    shifted = scores - scores.amin(dim=-1, keepdim=True)
+    flat = shifted.sum(dim=-1, keepdim=True) == 0
+    return torch.where(flat, torch.ones_like(shifted), shifted)
+
+
+@dataclass(kw_only=True)
+class ScoreProposal(Proposal):
+    """Proposal from any kvpress ``ScorerPress``: pi = floor-mix of (s - min s) / sum (s - min s).
+
+    The shift maps negative scores (K-norm: -||k||) and 0/1 scores (StreamingLLM) to weights that
+    keep the scorer's order; the entry with the lowest score gets only the floor mass.
+
+    Parameters
+    ----------
+    scorer : kvpress ScorerPress
+        Its ``score`` gives (batch, kv_heads, n) scores. Its ``compression_ratio`` is set to the
+        press's by ``SamplingPress`` (StreamingLLM's scores depend on it).
+    """
+
+    scorer: ScorerPress
+
+    def weights(self, module, hidden_states, keys, values, kwargs):
+        scores = self.scorer.score(module, hidden_states, keys, values, None, kwargs)
+        return scores_to_weights(scores)
+
+
+def rope_queries(module: nn.Module, hidden_states: torch.Tensor, position_embeddings) -> torch.Tensor:
+    """Queries of the prefill with RoPE, as the attention module computes them: (b, H_q, n, d)."""
+    q = get_prerope_query_states(module, hidden_states)
+    cos, sin = position_embeddings
+    return q * cos.unsqueeze(1) + rotate_half(q) * sin.unsqueeze(1)
+
+
+def row_weights(n: int, rows: str, query_window: int | None, device) -> tuple[torch.Tensor, int]:
+    """Weights of the query rows j = start..n-1 and start. rows in {"last", "uniform", "harmonic"}."""
+    if rows == "last":
+        return torch.ones(1, device=device), n - 1
+    start = 0 if query_window is None else max(0, n - query_window)
+    j = torch.arange(start, n, device=device, dtype=torch.float32)
+    h = torch.ones_like(j) if rows == "uniform" else 1.0 / (n - j)  # harmonic: 1 / (t - j + 1)
+    return h / h.sum(), start
+
+
+def attention_mass(
+    queries: torch.Tensor, keys: torch.Tensor, h: torch.Tensor, start: int, scaling: float, chunk_size: int
+) -> torch.Tensor:
+    """sum_j h_j softmax_causal(q_j . k / sqrt d) for the rows j = start.. (b, H_q, n), in chunks.
+
+    queries (b, H_q, n, d) with RoPE, keys (b, H_kv, n, d), h (n - start,). Never more than
+    (b, H_q, chunk_size, n) scores in memory at once.
+    """
+    b, hq, n, d = queries.shape
+    hkv = keys.shape[1]
+    g = hq // hkv
+    k = keys.float()
+    mass = torch.zeros(b, hkv, g, n, device=keys.device, dtype=torch.float32)
+    positions = torch.arange(n, device=keys.device)
+    for lo in range(start, n, chunk_size):
+        hi = min(n, lo + chunk_size)
+        q = queries[:, :, lo:hi].float().view(b, hkv, g, hi - lo, d)  # (b, H_kv, g, c, d)
+        logits = torch.einsum("bhgcd,bhnd->bhgcn", q, k) * scaling  # (b, H_kv, g, c, n)
+        future = positions[None, :] > positions[lo:hi, None]  # (c, n): key after query row
+        logits.masked_fill_(future, float("-inf"))
+        p = torch.softmax(logits, dim=-1)
+        mass += torch.einsum("bhgcn,c->bhgn", p, h[lo - start : hi - start])
+    return mass.view(b, hq, n)
+
+
+@dataclass(kw_only=True)
+class AttentionProposal(Proposal):
+    """Shared machinery of the proposals computed from recomputed prefill queries (sdpa-friendly).
+
+    Parameters
+    ----------
+    rows : {"last", "uniform", "harmonic"}
+        Which attention rows are mixed: the last prefix query only, all rows equally (H2O's
+        cumulative attention), or the harmonic prior h_j ~ 1 / (t - j + 1) over rows j <= t.
+    value_norm : bool
+        Multiply the attention mass by ||v_i|| (pi_min) or not (H2O).
+    centred : bool
+        Use ||v_i - o|| with o the attention output of the same rows (SNIS-optimal centring).
+    query_window : int, optional
+        Only the last ``query_window`` query rows enter ("uniform" / "harmonic"); None = all rows.
+    chunk_size : int
+        Query rows per chunk of the O(n^2) computation.
+    """
+
+    rows: str = "last"
+    value_norm: bool = True
+    centred: bool = False
+    query_window: int | None = None
+    chunk_size: int = 256
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.rows not in ("last", "uniform", "harmonic"):
+            raise ValueError(f"rows must be 'last', 'uniform' or 'harmonic', got {self.rows!r}")
+        if self.query_window is not None and self.query_window < 1:
+            raise ValueError(f"query_window must be None or >= 1, got {self.query_window}")
+        if self.chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
+
+    def weights(self, module, hidden_states, keys, values, kwargs):
+        b, hkv, n, d = keys.shape
+        queries = rope_queries(module, hidden_states, kwargs["position_embeddings"])
+        h, start = row_weights(n, self.rows, self.query_window, keys.device)
+        scaling = getattr(module, "scaling", 1.0 / math.sqrt(d))
+        mass = attention_mass(queries, keys, h, start, scaling, self.chunk_size)  # (b, H_q, n)
+        g = mass.shape[1] // hkv
+        mass = mass.view(b, hkv, g, n)
+        if self.value_norm:
+            v = values.float()[:, :, None]  # (b, H_kv, 1, n, d)
+            if self.centred:
+                o = torch.einsum("bhgn,bhnd->bhgd", mass, values.float())  # (b, H_kv, g, d)
+                norms = torch.linalg.vector_norm(v - o[:, :, :, None], dim=-1)  # (b, H_kv, g, n)
+            else:
+                norms = torch.linalg.vector_norm(v, dim=-1)  # (b, H_kv, 1, n)
+            mass = mass * norms
+        # normalise per query head, then mix the group: (b, H_kv, n)
+        return normalise(mass, name=f"{type(self).__name__} weights").mean(dim=2)
+
+
+@dataclass(kw_only=True)
+class MinVarianceProposal(AttentionProposal):
+    """pi_min (harmonic=False): p_t(i) ||v_i||, p_t the attention row of the last prefix query.
+
+    pi_min-h (harmonic=True): sum_j h_j p_j(i) ||v_i|| with h_j ~ 1 / (t - j + 1) over the prefix
+    rows (METHOD.md section 2), computed in query chunks. ``centred=True`` uses ||v_i - o||.
+    Geh et al., "A Probabilistic Interpretation of KV Cache Eviction" (2026).
+
+    Parameters
+    ----------
+    harmonic : bool, default False
+        Mix all prefix rows with the harmonic prior instead of the last row alone.
+    (and the parameters of ``AttentionProposal`` and ``Proposal``)
+    """
+
+    harmonic: bool = False
+    rows: str = field(init=False, default="last")
+    value_norm: bool = field(init=False, default=True)
+
+    def __post_init__(self):
+        self.rows = "harmonic" if self.harmonic else "last"
+        super().__post_init__()
+
+
+@dataclass(kw_only=True)
+class H2OProposal(AttentionProposal):
+    """pi_H2O: normalised cumulative attention sum_j p_j(i) (H2O, Zhang et al. 2023) on sdpa.
+
+    harmonic=True weighs the rows with h_j ~ 1 / (t - j + 1) (pi_H2O-h). Unlike kvpress's
+    ObservedAttentionPress it needs no eager attention: the rows are recomputed in chunks.
+
+    Parameters
+    ----------
+    harmonic : bool, default False
+    (and the parameters of ``AttentionProposal`` and ``Proposal``)
+    """
+
+    harmonic: bool = False
+    rows: str = field(init=False, default="uniform")
+    value_norm: bool = field(init=False, default=False)
+
+    def __post_init__(self):
+        self.rows = "harmonic" if self.harmonic else "uniform"
+        super().__post_init__()

@@ -1,0 +1,118 @@
+"""Named presses for the evaluation harness: ``get_press(name, compression_ratio, **overrides)``.
+
+Top-k baselines (kvpress): streaming_llm, snapkv, tova, h2o (ObservedAttentionPress, run on eager
+attention, switched and restored by the press), knorm, adakv_snapkv (AdaKV over SnapKV).
+Probabilistic (SamplingPress): prob_<baseline> sample from the baseline's scores (prob_h2o from
+the same cumulative attention recomputed on sdpa), prob_min / prob_min_h (pi_min, pi_min-h),
+prob_h2o_h; every prob press has an uncorrected ablation ``<name>_nocorr``.
+topk_min_h: pi_min-h kept deterministically under the same global budget (alpha = 1).
+Beyond the paper: prob_min_c (pi_min centred), prob_min_h_strata (alpha = 0.5), prob_min_h_coord
+(coordinated sampling), prob_min_h_shared (one proposal shared by a layer's heads),
+prob_snapkv_strata (alpha = 0.5).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, fields, replace
+from typing import Callable
+
+from kvpress import (
+    AdaKVPress,
+    BasePress,
+    KnormPress,
+    ObservedAttentionPress,
+    SnapKVPress,
+    StreamingLLMPress,
+    TOVAPress,
+)
+
+from kvpress_prob.press import SamplingPress
+from kvpress_prob.proposals import H2OProposal, MinVarianceProposal, ScoreProposal
+
+
+@dataclass
+class EagerObservedAttentionPress(ObservedAttentionPress):
+    """kvpress ObservedAttentionPress (H2O, Zhang et al. 2023) that switches the model to eager
+    attention for the compressed prefill and restores the previous implementation afterwards.
+
+    Parameters
+    ----------
+    compression_ratio : float, default 0.0
+        Fraction of key-value pairs removed.
+    """
+
+    @contextmanager
+    def __call__(self, model):
+        previous = model.config._attn_implementation
+        model.set_attn_implementation("eager")
+        try:
+            with super().__call__(model):
+                yield
+        finally:
+            model.set_attn_implementation(previous)
+
+
+def _sampling(proposal_factory: Callable, **press_kwargs) -> Callable[[float], SamplingPress]:
+    return lambda ratio: SamplingPress(proposal=proposal_factory(), compression_ratio=ratio, **press_kwargs)
+
+
+def _uncorrected(factory: Callable[[float], SamplingPress]) -> Callable[[float], SamplingPress]:
+    return lambda ratio: replace(factory(ratio), correct=False)
+
+
+BASELINES: dict[str, Callable[[float], BasePress]] = {
+    "streaming_llm": lambda r: StreamingLLMPress(compression_ratio=r),
+    "snapkv": lambda r: SnapKVPress(compression_ratio=r),
+    "tova": lambda r: TOVAPress(compression_ratio=r),
+    "h2o": lambda r: EagerObservedAttentionPress(compression_ratio=r),
+    "knorm": lambda r: KnormPress(compression_ratio=r),
+}
+
+_PROB: dict[str, Callable[[float], SamplingPress]] = {
+    "prob_streaming_llm": _sampling(lambda: ScoreProposal(scorer=StreamingLLMPress())),
+    "prob_snapkv": _sampling(lambda: ScoreProposal(scorer=SnapKVPress())),
+    "prob_tova": _sampling(lambda: ScoreProposal(scorer=TOVAPress())),
+    "prob_h2o": _sampling(lambda: H2OProposal(harmonic=False)),
+    "prob_knorm": _sampling(lambda: ScoreProposal(scorer=KnormPress())),
+    "prob_min": _sampling(lambda: MinVarianceProposal(harmonic=False)),
+    "prob_min_h": _sampling(lambda: MinVarianceProposal(harmonic=True)),
+    "prob_h2o_h": _sampling(lambda: H2OProposal(harmonic=True)),
+    # beyond the paper
+    "prob_min_c": _sampling(lambda: MinVarianceProposal(harmonic=False, centred=True)),
+    "prob_min_h_strata": _sampling(lambda: MinVarianceProposal(harmonic=True), alpha=0.5),
+    "prob_min_h_coord": _sampling(lambda: MinVarianceProposal(harmonic=True), coordinated=True),
+    "prob_min_h_shared": _sampling(lambda: MinVarianceProposal(harmonic=True, head_shared=True)),
+    "prob_snapkv_strata": _sampling(lambda: ScoreProposal(scorer=SnapKVPress()), alpha=0.5),
+}
+
+PRESSES: dict[str, Callable[[float], BasePress]] = {
+    **BASELINES,
+    "adakv_snapkv": lambda r: AdaKVPress(press=SnapKVPress(compression_ratio=r)),
+    "topk_min_h": _sampling(lambda: MinVarianceProposal(harmonic=True), alpha=1.0),
+    **_PROB,
+    **{f"{name}_nocorr": _uncorrected(factory) for name, factory in _PROB.items()},
+}
+
+
+def get_press(name: str, compression_ratio: float, **overrides) -> BasePress:
+    """The press registered as ``name`` at ``compression_ratio``, with dataclass fields overridden
+    (e.g. ``seed=3``, ``temperature=2.0``, ``budget="layer"``)."""
+    if name not in PRESSES:
+        raise ValueError(f"unknown press {name!r}; valid names: {', '.join(sorted(PRESSES))}")
+    if not 0.0 <= compression_ratio < 1.0:
+        raise ValueError(f"compression_ratio must be in [0, 1), got {compression_ratio}")
+    press = PRESSES[name](compression_ratio)
+    if overrides:
+        valid = {f.name for f in fields(press) if f.init}
+        unknown = set(overrides) - valid
+        if unknown:
+            raise ValueError(f"press {name!r} has no field(s) {sorted(unknown)}; valid: {sorted(valid)}")
+        press = replace(press, **overrides)
+    return press
+
+
+def is_sampling(name: str) -> bool:
+    """Whether the named press samples (its result depends on the seed)."""
+    press = get_press(name, 0.5)
+    return isinstance(press, SamplingPress) and press.alpha < 1.0
