@@ -14,7 +14,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from kvpress_prob import correction
 from kvpress_prob.budget import SCOPES
 from kvpress_prob.proposals import MinVarianceProposal, Proposal, ScoreProposal
-from kvpress_prob.sampling import draw
+from kvpress_prob.sampling import Draw, draw
 
 correction.install()
 
@@ -79,6 +79,7 @@ class SamplingPress(BasePress):
     alpha: float = 0.0
     coordinated: bool = False
     stats: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    last_draw: Draw | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if not 0.0 <= self.compression_ratio < 1.0:
@@ -147,6 +148,7 @@ class SamplingPress(BasePress):
         result = draw(
             pi, self.compression_ratio, self.budget, generator, self.n_sink, self.window, self.alpha, self.coordinated
         )
+        self.last_draw = result
         tau = self.temperature if self.correct else float("inf")
         kept, stored, bytes_kv, bytes_full, bytes_bias = [], [], 0, 0, 0
         for index, layer_idx in enumerate(layer_ids):

@@ -46,6 +46,27 @@ def top_by_rank(pi: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     return rank < count[..., None]
 
 
+def sample(
+    pi: torch.Tensor, m: torch.Tensor, generator: torch.Generator | None = None, coordinated: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw the sampled stratum: pi (L, b, H, n), m broadcastable to (L, b, H, 1) (inf = keep all).
+
+    Returns (kept (L, b, H, n) bool, log-weights (L, b, H, n) float64, meaningful where kept):
+    log(c_i / (m pi_i)) for independent Poisson counts, -log q_i for coordinated sampling.
+    """
+    pi = pi.double()
+    m = torch.as_tensor(m, dtype=torch.float64, device=pi.device).expand(*pi.shape[:-1], 1)
+    finite = torch.isfinite(m)
+    if coordinated:
+        u = torch.rand(pi.shape[1], pi.shape[-1], generator=generator, device=pi.device, dtype=torch.float64)
+        q = inclusion_probability(pi, m)
+        return u[None, :, None, :] < q, -torch.log(q)
+    rate = torch.where(finite, m, torch.zeros_like(m)) * pi  # (L, b, H, n)
+    counts = torch.poisson(rate, generator=generator)
+    kept = (counts > 0) | (~finite & (pi > 0))
+    return kept, torch.where(finite, torch.log(counts) - torch.log(rate), torch.zeros_like(rate))
+
+
 def draw(
     pi: torch.Tensor,
     compression_ratio: float,
@@ -88,17 +109,7 @@ def draw(
         target_rest = (k - a).clamp_min(0).unsqueeze(-1)
         m = torch.zeros_like(target_rest) if alpha >= 1 else solve_draws(pi_rest, target_rest, "head")
     m = m.expand(L, b, H, 1)
-    finite = torch.isfinite(m)
-    rate = torch.where(finite, m, torch.zeros_like(m)) * pi_rest  # (L, b, H, n)
-    if coordinated:
-        u = torch.rand(b, n, generator=generator, device=device, dtype=torch.float64)
-        q = inclusion_probability(pi_rest, m)
-        sampled = u[None, :, None, :] < q
-        log_w = -torch.log(q)
-    else:
-        counts = torch.poisson(rate, generator=generator)
-        sampled = (counts > 0) | (~finite & (pi_rest > 0))
-        log_w = torch.where(finite, torch.log(counts) - torch.log(rate), torch.zeros_like(rate))
+    sampled, log_w = sample(pi_rest, m, generator, coordinated)
     keep = exact | sampled
     log_weight = torch.where(exact, 0.0, torch.where(sampled, log_w, float("-inf")))
     return Draw(keep=keep, log_weight=log_weight.float(), m=m[..., 0].float())

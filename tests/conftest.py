@@ -1,0 +1,39 @@
+"""Shared fixtures: tiny random Llama / Qwen3 models built from a config, the embedded tokenizer."""
+
+import pytest
+import torch
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+VOCAB = 49152  # the embedded tokenizer's, so tiny models run through the kvpress pipeline
+
+
+def tiny_model(arch: str, dtype=torch.float32, layers: int = 3):
+    """A randomly initialised model: 4 query heads, 2 KV heads (GQA), head_dim 16."""
+    torch.manual_seed(0)
+    common = dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        attn_implementation="sdpa", eos_token_id=2, bos_token_id=1, pad_token_id=2,
+    )
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    else:
+        model = Qwen3ForCausalLM(Qwen3Config(head_dim=16, **common))
+    return model.to(dtype).eval()
+
+
+@pytest.fixture(params=["llama", "qwen3"])
+def model(request):
+    return tiny_model(request.param)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from kvpress_prob.models import embedded_model_path
+
+    return AutoTokenizer.from_pretrained(embedded_model_path())
+
+
+def random_ids(n: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, VOCAB, (1, n), generator=g)
