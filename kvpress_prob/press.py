@@ -66,6 +66,11 @@ class SamplingPress(BasePress):
     coordinated : bool, default False
         Coordinated sampling (beyond the paper): one uniform per position shared by every layer
         and head, so a token tends to be kept everywhere or nowhere.
+    inclusion_weights : bool, default False
+        Beyond the paper: weight a kept entry by 1 / q_i, q_i = 1 - exp(-m pi_i) its inclusion
+        probability (Horvitz-Thompson), instead of c_i / (m pi_i). It is the count weight averaged
+        over the counts that give the same kept set: unbiased too, and free of the Poisson noise of
+        c_i on entries drawn many times (see ``kvpress_prob.sampling``).
     """
 
     proposal: Proposal = field(default_factory=lambda: MinVarianceProposal(harmonic=True))
@@ -78,6 +83,7 @@ class SamplingPress(BasePress):
     window: int = 0
     alpha: float = 0.0
     coordinated: bool = False
+    inclusion_weights: bool = False
     stats: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     last_draw: Draw | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -146,7 +152,8 @@ class SamplingPress(BasePress):
         pi = torch.stack([pending[i][1] for i in layer_ids])  # (L, b, H_kv, n)
         generator = torch.Generator(device=pi.device).manual_seed(self.seed)
         result = draw(
-            pi, self.compression_ratio, self.budget, generator, self.n_sink, self.window, self.alpha, self.coordinated
+            pi, self.compression_ratio, self.budget, generator, self.n_sink, self.window, self.alpha, self.coordinated,
+            self.inclusion_weights,
         )
         self.last_draw = result
         tau = self.temperature if self.correct else float("inf")

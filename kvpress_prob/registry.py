@@ -8,7 +8,7 @@ prob_h2o_h; every prob press has an uncorrected ablation ``<name>_nocorr``.
 topk_min_h: pi_min-h kept deterministically under the same global budget (alpha = 1).
 Beyond the paper: prob_min_c (pi_min centred), prob_min_h_strata (alpha = 0.5), prob_min_h_coord
 (coordinated sampling), prob_min_h_shared (one proposal shared by a layer's heads),
-prob_snapkv_strata (alpha = 0.5).
+prob_snapkv_strata (alpha = 0.5), prob_min_h_ht and prob_snapkv_ht (Horvitz-Thompson weights 1 / q_i).
 """
 
 from __future__ import annotations
@@ -84,6 +84,8 @@ _PROB: dict[str, Callable[[float], SamplingPress]] = {
     "prob_min_h_coord": _sampling(lambda: MinVarianceProposal(harmonic=True), coordinated=True),
     "prob_min_h_shared": _sampling(lambda: MinVarianceProposal(harmonic=True, head_shared=True)),
     "prob_snapkv_strata": _sampling(lambda: ScoreProposal(scorer=SnapKVPress()), alpha=0.5),
+    "prob_min_h_ht": _sampling(lambda: MinVarianceProposal(harmonic=True), inclusion_weights=True),
+    "prob_snapkv_ht": _sampling(lambda: ScoreProposal(scorer=SnapKVPress()), inclusion_weights=True),
 }
 
 PRESSES: dict[str, Callable[[float], BasePress]] = {

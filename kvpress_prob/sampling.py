@@ -47,12 +47,19 @@ def top_by_rank(pi: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
 
 
 def sample(
-    pi: torch.Tensor, m: torch.Tensor, generator: torch.Generator | None = None, coordinated: bool = False
+    pi: torch.Tensor,
+    m: torch.Tensor,
+    generator: torch.Generator | None = None,
+    coordinated: bool = False,
+    inclusion_weights: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw the sampled stratum: pi (L, b, H, n), m broadcastable to (L, b, H, 1) (inf = keep all).
 
     Returns (kept (L, b, H, n) bool, log-weights (L, b, H, n) float64, meaningful where kept):
-    log(c_i / (m pi_i)) for independent Poisson counts, -log q_i for coordinated sampling.
+    log(c_i / (m pi_i)) for independent Poisson counts (the paper), or -log q_i with
+    q_i = 1 - exp(-m pi_i) for coordinated sampling and for ``inclusion_weights=True``
+    (Horvitz-Thompson: 1 / q_i = E[c_i / (m pi_i) | c_i > 0], the count weight Rao-Blackwellised
+    over the kept set; also unbiased, without the Poisson noise of c_i on frequently drawn entries).
     """
     pi = pi.double()
     m = torch.as_tensor(m, dtype=torch.float64, device=pi.device).expand(*pi.shape[:-1], 1)
@@ -64,6 +71,8 @@ def sample(
     rate = torch.where(finite, m, torch.zeros_like(m)) * pi  # (L, b, H, n)
     counts = torch.poisson(rate, generator=generator)
     kept = (counts > 0) | (~finite & (pi > 0))
+    if inclusion_weights:
+        return kept, -torch.log(inclusion_probability(pi, m))
     return kept, torch.where(finite, torch.log(counts) - torch.log(rate), torch.zeros_like(rate))
 
 
@@ -76,6 +85,7 @@ def draw(
     window: int = 0,
     alpha: float = 0.0,
     coordinated: bool = False,
+    inclusion_weights: bool = False,
 ) -> Draw:
     """Choose the kept entries of every head of every layer from its proposal.
 
@@ -109,7 +119,7 @@ def draw(
         target_rest = (k - a).clamp_min(0).unsqueeze(-1)
         m = torch.zeros_like(target_rest) if alpha >= 1 else solve_draws(pi_rest, target_rest, "head")
     m = m.expand(L, b, H, 1)
-    sampled, log_w = sample(pi_rest, m, generator, coordinated)
+    sampled, log_w = sample(pi_rest, m, generator, coordinated, inclusion_weights)
     keep = exact | sampled
     log_weight = torch.where(exact, 0.0, torch.where(sampled, log_w, float("-inf")))
     return Draw(keep=keep, log_weight=log_weight.float(), m=m[..., 0].float())

@@ -17,7 +17,7 @@ def rows(task, press, ratio, scores, seed=0, model="org/m1"):
     ]
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def frame():
     """Two methods, two ratios, two informative tasks and one uninformative one (full scores 0 on cwe).
 
@@ -37,8 +37,15 @@ def frame():
     return pd.DataFrame(data)
 
 
-def test_write_report_files_and_numbers(tmp_path, frame):
-    paths = write_report(frame, tmp_path / "report", "Tiny sweep")
+@pytest.fixture(scope="module")
+def report(tmp_path_factory, frame):
+    """The report of ``frame``, written once for the module."""
+    out = tmp_path_factory.mktemp("out") / "report"
+    return out, write_report(frame, out, "Tiny sweep")
+
+
+def test_write_report_files_and_numbers(report):
+    out, paths = report
     files = {k: v for k, v in paths.items() if k != "summary_markdown"}
     for name in ("report_md", "summary_md", "scores_csv", "average_csv", "average_informative_csv",
                  "win_scores_csv", "task_ranks_csv", "rank_extremes_csv", "plot_win",
@@ -46,7 +53,7 @@ def test_write_report_files_and_numbers(tmp_path, frame):
         assert name in files, name
     for path in files.values():
         assert path.exists() and path.stat().st_size > 0
-        assert path.is_relative_to(tmp_path / "report")
+        assert path.is_relative_to(out)
 
     md = paths["report_md"].read_text()
     assert md.startswith("# Tiny sweep")
@@ -81,10 +88,10 @@ def test_write_report_files_and_numbers(tmp_path, frame):
     assert flagged.to_dict("records") == [{"model": "org/m1", "dataset": "ruler", "task": "cwe"}]
 
 
-def test_plots_are_valid_pngs(tmp_path, frame):
+def test_plots_are_valid_pngs(report):
     from matplotlib.image import imread
 
-    paths = write_report(frame, tmp_path, "Plots")
+    out, paths = report
     plots = [p for k, p in paths.items() if k.startswith("plot_")]
     assert len(plots) == 3
     for path in plots:
@@ -92,7 +99,7 @@ def test_plots_are_valid_pngs(tmp_path, frame):
         image = imread(path)
         assert image.shape[0] > 100 and image.shape[1] > 100
         assert path.name.endswith(".png") and "/" not in path.name
-    assert not [p for p in tmp_path.rglob("*") if ".tmp-" in p.name], "no temporary files left"
+    assert not [p for p in out.rglob("*") if ".tmp-" in p.name], "no temporary files left"
 
 
 def test_report_without_reference_or_seeds(tmp_path, frame):
@@ -107,7 +114,8 @@ def test_report_without_reference_or_seeds(tmp_path, frame):
 
 
 def test_markdown_table():
+    # numbers right-aligned, text left-aligned, NaN as a dash, pipes escaped
     table = pd.DataFrame({"a": [1.0, float("nan")], "b": ["x|y", "z"]}, index=pd.Index(["r1", "r2"], name="row"))
     assert markdown_table(table) == (
-        "| row | a | b |\n| :--- | ---: | ---: |\n| r1 | 1.00 | x\\|y |\n| r2 | – | z |\n"
+        "| row | a | b |\n| :--- | ---: | :--- |\n| r1 | 1.00 | x\\|y |\n| r2 | – | z |\n"
     )

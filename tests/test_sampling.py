@@ -1,0 +1,194 @@
+"""Statistics of the SNIS estimator and of the budget, on synthetic attention with fixed seeds.
+
+Tolerances come from the sampling error of the Monte Carlo itself (standard errors over R
+replications), not from tuning: a deviation of more than ~4.5 standard errors has probability
+below 1e-5 per coordinate under the claim being tested.
+"""
+
+import math
+
+import pytest
+import torch
+
+from kvpress_prob.budget import expected_kept, solve_draws
+from kvpress_prob.sampling import draw, sample
+
+N, D = 64, 4
+
+
+def problem(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    s = 1.5 * torch.randn(N, generator=g, dtype=torch.float64)  # logits at the eviction query
+    v = torch.randn(N, D, generator=g, dtype=torch.float64) + 0.5
+    p = torch.softmax(s, 0)
+    return s, v, p, p @ v
+
+
+def estimates(pi, m, s, v, reps, seed, correct=True, inclusion_weights=False):
+    """(reps, D) SNIS estimates: sum_kept w e^s v / sum_kept w e^s (w = 1 when not corrected)."""
+    g = torch.Generator().manual_seed(seed)
+    pis = pi.expand(reps, 1, 1, N)
+    kept, log_w = sample(pis, torch.tensor(float(m)), g, inclusion_weights=inclusion_weights)
+    kept, log_w = kept[:, 0, 0], log_w[:, 0, 0]  # (reps, N)
+    logits = s + (log_w if correct else 0.0)
+    logits = torch.where(kept, logits, torch.tensor(-math.inf, dtype=torch.float64))
+    a = torch.softmax(logits, dim=-1)  # explicit SNIS weights over the kept entries
+    return a @ v
+
+
+def test_snis_unbiased_when_proposal_is_attention():
+    s, v, p, truth = problem()
+    reps = 4000
+    est = estimates(p, 20, s, v, reps, seed=1)
+    se = est.std(0) / math.sqrt(reps)
+    assert ((est.mean(0) - truth).abs() < 4.5 * se).all()
+
+
+def test_unbiasedness_check_has_power():
+    """The same check rejects the uncorrected estimator under a uniform proposal (biased)."""
+    s, v, p, truth = problem()
+    reps = 4000
+    est = estimates(torch.full((N,), 1.0 / N, dtype=torch.float64), 20, s, v, reps, seed=1, correct=False)
+    se = est.std(0) / math.sqrt(reps)
+    assert ((est.mean(0) - truth).abs() > 6 * se).any()
+
+
+def test_mse_falls_as_one_over_m():
+    s, v, p, truth = problem(seed=2)
+    pi = 0.5 * p + 0.5 / N  # full support, not the optimum
+    ms = torch.tensor([16.0, 32.0, 64.0, 128.0, 256.0])
+    mse = torch.stack([((estimates(pi, m, s, v, 3000, seed=int(m)) - truth) ** 2).sum(-1).mean() for m in ms])
+    slope = torch.linalg.lstsq(torch.stack([ms.log(), torch.ones(5)], 1).double(), mse.log()[:, None]).solution[0]
+    assert -1.15 < slope.item() < -0.85, f"log-log slope {slope.item():.3f}"
+
+
+def paired_z(err_a, err_b):
+    """z statistic of mean(err_a - err_b) > 0 over paired replications."""
+    diff = err_a - err_b
+    return (diff.mean() / (diff.std() / math.sqrt(len(diff)))).item()
+
+
+def pi_min_problem():
+    s, v, p, truth = problem(seed=3)
+    pi = p * v.norm(dim=-1)
+    return s, v, truth, pi / pi.sum()  # pi_min at the eviction query
+
+
+def test_correction_beats_renormalisation_at_moderate_m():
+    """At m = n / 4 the count-weighted correction beats plain renormalisation over the kept set.
+
+    (At m >= n / 2 it no longer does with pi_min here: kept entries then carry their exact e^s
+    while count weights c / (m pi) add Poisson noise; see the next test.)
+    """
+    s, v, truth, pi = pi_min_problem()
+    reps, m = 3000, N / 4
+    err_c = ((estimates(pi, m, s, v, reps, seed=7) - truth) ** 2).sum(-1)
+    err_u = ((estimates(pi, m, s, v, reps, seed=7, correct=False) - truth) ** 2).sum(-1)
+    assert paired_z(err_u, err_c) > 3
+
+
+@pytest.mark.parametrize("m", [N / 4, N / 2, N])
+def test_inclusion_weights_beat_counts_and_renormalisation(m):
+    """Horvitz-Thompson weights 1 / q_i = E[c_i / (m pi_i) | c_i > 0] (Rao-Blackwellised counts)."""
+    s, v, truth, pi = pi_min_problem()
+    reps = 3000
+    err_ht = ((estimates(pi, m, s, v, reps, seed=7, inclusion_weights=True) - truth) ** 2).sum(-1)
+    err_c = ((estimates(pi, m, s, v, reps, seed=7) - truth) ** 2).sum(-1)
+    err_u = ((estimates(pi, m, s, v, reps, seed=7, correct=False) - truth) ** 2).sum(-1)
+    assert paired_z(err_c, err_ht) > 3 and paired_z(err_u, err_ht) > 3
+
+
+def heads(L=4, H=3, n=256, seed=0):
+    """Proposals from flat to peaked: (L, 1, H, n)."""
+    g = torch.Generator().manual_seed(seed)
+    sharp = torch.linspace(0.0, 4.0, L * H).view(L, 1, H, 1)
+    return torch.softmax(sharp * torch.randn(L, 1, H, n, generator=g), -1)
+
+
+@pytest.mark.parametrize("scope", ["global", "layer", "head"])
+@pytest.mark.parametrize("ratio", [0.25, 0.5, 0.9])
+def test_realised_ratio_meets_target(scope, ratio):
+    pi = heads()
+    g = torch.Generator().manual_seed(0)
+    realised = [1 - draw(pi, ratio, scope, g).keep.double().mean().item() for _ in range(20)]
+    # one draw has sd <= 0.5 / sqrt(L H n) = 0.009; the mean of 20, 0.002
+    assert abs(sum(realised) / 20 - ratio) < 0.01
+
+
+@pytest.mark.parametrize("scope", ["global", "layer", "head"])
+def test_expected_kept_solves_the_budget(scope):
+    pi = heads()
+    target = {"global": torch.tensor(0.5 * 256 * 12), "layer": torch.full((4, 1, 1, 1), 0.5 * 256 * 3),
+              "head": torch.full((4, 1, 3, 1), 0.5 * 256)}[scope]
+    m = solve_draws(pi, target.view(-1, 1, 1, 1) if scope == "global" else target, scope)
+    kept = expected_kept(pi, m.expand(4, 1, 3, 1))  # (L, 1, H)
+    total = {"global": kept.sum(), "layer": kept.sum((1, 2)), "head": kept}[scope]
+    torch.testing.assert_close(total.double(), target.double().reshape(total.shape), rtol=1e-9, atol=1e-6)
+
+
+def test_global_budget_spends_more_on_flat_heads():
+    n = 512
+    g = torch.Generator().manual_seed(1)
+    flat = torch.full((n,), 1.0 / n)
+    peaked = torch.softmax(4 * torch.randn(n, generator=g), 0)
+    pi = torch.stack([flat, peaked]).view(1, 1, 2, n)
+    kept = draw(pi, 0.5, "global", g).keep.sum(-1).flatten()
+    assert kept[0] > kept[1] + 50
+    head = draw(pi, 0.5, "head", g).keep.sum(-1).flatten()
+    assert (head - n / 2).abs().max() < 4 * math.sqrt(n / 4)  # each head near its own budget
+
+
+def test_strata_are_kept_exactly_with_weight_one():
+    pi = heads(L=2, H=2, n=128)
+    result = draw(pi, 0.5, "global", torch.Generator().manual_seed(0), n_sink=4, window=8)
+    exact = torch.zeros(128, dtype=torch.bool)
+    exact[:4] = exact[-8:] = True
+    assert result.keep[..., exact].all()
+    assert (result.log_weight[..., exact] == 0).all()
+
+
+def test_alpha_one_is_deterministic_top_k_under_the_allocation():
+    pi = heads(L=2, H=3, n=200)
+    a = draw(pi, 0.5, "global", torch.Generator().manual_seed(0), alpha=1.0)
+    b = draw(pi, 0.5, "global", torch.Generator().manual_seed(99), alpha=1.0)
+    assert torch.equal(a.keep, b.keep) and (a.log_weight[a.keep] == 0).all()
+    # per head, the kept entries are the top ones by pi
+    for layer in range(2):
+        for h in range(3):
+            keep, p = a.keep[layer, 0, h], pi[layer, 0, h]
+            assert p[keep].min() >= p[~keep].max()
+    # and the allocation follows the global budget: flat heads keep more
+    counts = a.keep.sum(-1).flatten()
+    assert counts[0] > counts[-1]
+
+
+def test_coordinated_sampling_keeps_marginals_and_aligns_heads():
+    pi = torch.full((3, 1, 4, 100), 0.01)
+    g = torch.Generator().manual_seed(0)
+    runs = [draw(pi, 0.5, "global", g, coordinated=True).keep for _ in range(200)]
+    keep = torch.stack(runs).double()  # (R, L, 1, H, n)
+    assert abs(keep.mean().item() - 0.5) < 4 * math.sqrt(0.25 / keep[:, 0, 0, 0].numel())
+    # every head of every layer keeps the same positions (the same uniform, the same q)
+    assert (keep == keep[:, :1, :, :1]).all()
+    independent = torch.stack([draw(pi, 0.5, "global", g).keep for _ in range(50)])
+    assert not (independent == independent[:, :1, :, :1]).all()
+
+
+def test_same_seed_same_draw_different_seed_differs():
+    pi = heads()
+    a = draw(pi, 0.5, "global", torch.Generator().manual_seed(5))
+    b = draw(pi, 0.5, "global", torch.Generator().manual_seed(5))
+    c = draw(pi, 0.5, "global", torch.Generator().manual_seed(6))
+    assert torch.equal(a.keep, b.keep) and torch.equal(a.log_weight, b.log_weight)
+    assert not torch.equal(a.keep, c.keep)
+
+
+def test_weights_are_unbiased_for_one():
+    """E[c / (m pi)] = 1 for every entry, so new tokens enter the same softmax with weight 1."""
+    pi = heads(L=1, H=1, n=50)
+    g = torch.Generator().manual_seed(3)
+    reps = 4000
+    kept, log_w = sample(pi.expand(reps, 1, 1, 50), torch.tensor(30.0), g)
+    w = torch.where(kept, log_w.exp(), torch.zeros_like(log_w))[:, 0, 0]  # (reps, 50)
+    se = w.std(0) / math.sqrt(reps)
+    assert ((w.mean(0) - 1).abs() < 4.5 * se + 1e-12).all()
