@@ -1,0 +1,26 @@
+"""One integration test on the embedded SmolLM2-135M-Instruct (the default model)."""
+
+import pytest
+from kvpress import KVPressTextGenerationPipeline
+
+from kvpress_prob import get_press, load_model
+
+NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    model, tokenizer = load_model()
+    return KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer)
+
+
+def test_embedded_model_finds_a_short_needle(pipe):
+    context = NOISE * 6 + "One of the special magic numbers for quiet-river is: 4825163. " + NOISE * 6
+    question = "What is the special magic number for quiet-river mentioned in the provided text?"
+    prefix = "The special magic number for quiet-river mentioned in the provided text is"
+    full = pipe(context, question=question, answer_prefix=prefix, max_new_tokens=12)["answer"]
+    assert "4825163" in full
+    # the head-adaptive kvpress baseline and a probabilistic press run on the real model too
+    for name in ("adakv_snapkv", "prob_min_h"):
+        answer = pipe(context, question=question, answer_prefix=prefix, press=get_press(name, 0.25), max_new_tokens=12)
+        assert isinstance(answer["answer"], str)
