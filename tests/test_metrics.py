@@ -60,6 +60,8 @@ def test_qa_f1_hand_worked():
 def test_qa_f1_uses_multiset_overlap_and_max_over_references():
     # "cat cat cat" vs "cat": overlap min(3, 1) = 1; precision 1/3, recall 1; F1 = (2/3) / (4/3) = 0.5
     assert qa_f1("cat cat cat", ["cat"]) == pytest.approx(50.0)
+    # "cat cat" vs "cat cat dog": overlap 2 (a set overlap would say 1); precision 1, recall 2/3 -> 0.8
+    assert qa_f1("cat cat", ["cat cat dog"]) == pytest.approx(80.0)
     # "new york city" vs "york": precision 1/3, recall 1 -> 0.5; vs "New York City." -> 1; max -> 100
     assert qa_f1("New York City", ["york"]) == pytest.approx(50.0)
     assert qa_f1("New York City", ["york", "New York City."]) == pytest.approx(100.0)

@@ -1,0 +1,1 @@
+"""Evaluation harness for kvpress-prob: datasets, metrics, runner, results store, aggregation and reports."""

