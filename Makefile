@@ -19,7 +19,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 demo: $(STAMP)
-	$(PY) -m kvpress_prob.demo
+	$(PY) -m evaluation reproduce --preset cpu-quick
 
 clean-venv:
 	rm -rf $(VENV)

@@ -1,0 +1,71 @@
+"""The shared-prefill runner reproduces the kvpress pipeline, resumes, and shards."""
+
+import pandas as pd
+import pytest
+import torch
+from conftest import tiny_model
+from kvpress import KVPressTextGenerationPipeline
+
+from evaluation.cli import main as cli_main
+from evaluation.runner import Config, SharedPrefill, configurations, run
+from evaluation.store import ResultStore
+
+FAMILIES = ["snapkv", "tova", "knorm", "streaming_llm", "h2o", "prob_min_h", "prob_snapkv", "prob_h2o_h_nocorr",
+            "topk_min_h", "prob_min_h_coord", "prob_min_h_strata", "prob_min_h_ht"]
+
+
+def examples(n=3):
+    rows = [dict(example_id=f"ex-{i}", task="niah_single_1", context=" ".join(f"w{j}x{i}" for j in range(70)),
+                 question=f"What is w{i}?", answer_prefix="Answer:", answer=[f"w{i}x{i}"], max_new_tokens=5,
+                 context_tokens=0) for i in range(n)]
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_shared_prefill_equals_the_pipeline_from_scratch(arch, tokenizer):
+    model = tiny_model(arch)
+    model.generation_config.eos_token_id = 2
+    pipe = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer)
+    row = examples(1).iloc[0]
+    inputs = pipe.preprocess(row.context, [row.question], row.answer_prefix, 10**9)
+    shared = SharedPrefill(model, inputs["context_ids"])
+    n = inputs["context_ids"].shape[1]
+    for name in ["full"] + FAMILIES:
+        cfg = Config(name, 0.0 if name == "full" else 0.5, 1)
+        ours = pipe.generate_answer(inputs["questions_ids"][0], shared.compressed_cache(cfg.build()), n, 6)
+        reference = pipe(row.context, question=row.question, answer_prefix=row.answer_prefix, press=cfg.build(),
+                         max_new_tokens=6)["answer"]
+        assert ours == reference, name
+
+
+def test_configurations_run_deterministic_presses_once():
+    configs = configurations(["snapkv", "prob_min"], [0.25, 0.5], [0, 1, 2])
+    assert configs[0] == Config("full", 0.0, 0)
+    assert sum(c.press == "snapkv" for c in configs) == 2 and sum(c.press == "prob_min" for c in configs) == 6
+    with pytest.raises(ValueError, match="valid names"):
+        configurations(["nope"], [0.5], [0])
+
+
+def test_run_resumes_and_shards(tmp_path, tokenizer):
+    model = tiny_model("llama")
+    model.generation_config.eos_token_id = 2
+    configs = configurations(["snapkv", "prob_min"], [0.5], [0, 1])
+    kwargs = dict(model_name="tiny", dataset="ruler", data_dir="64", progress=False)
+    full = ResultStore(tmp_path / "full.jsonl")
+    assert run(model, tokenizer, examples(), configs, full, **kwargs) == 3 * 4
+    assert run(model, tokenizer, examples(), configs, full, **kwargs) == 0  # nothing left to do
+    shards = [ResultStore(tmp_path / f"s{i}.jsonl") for i in (1, 2)]
+    for i, store in enumerate(shards, 1):
+        run(model, tokenizer, examples(), configs, store, shard_spec=f"{i}/2", **kwargs)
+    keys = [s.done_keys() for s in shards]
+    assert not keys[0] & keys[1] and keys[0] | keys[1] == full.done_keys()
+    a = full.load().set_index(["example_id", "press", "seed"]).prediction.sort_index()
+    b = pd.concat([s.load() for s in shards]).set_index(["example_id", "press", "seed"]).prediction.sort_index()
+    assert a.equals(b)
+
+
+def test_cli_fails_fast_on_unknown_names(capsys):
+    with pytest.raises(SystemExit, match="valid: .*prob_min_h"):
+        cli_main(["run", "--presses", "prob_magic", "--out", "unused"])
+    with pytest.raises(SystemExit):
+        cli_main(["reproduce", "--preset", "nope"])
