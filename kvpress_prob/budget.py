@@ -18,7 +18,8 @@ SCOPES = ("global", "layer", "head")
 
 def inclusion_probability(pi: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """q = 1 - exp(-m pi): probability that a Poisson(m pi) count is positive (0 where pi = 0)."""
-    return torch.where(pi > 0, -torch.expm1(-m * pi), torch.zeros_like(pi))
+    q = -torch.expm1(-m * pi)
+    return q.nan_to_num(0.0) if torch.isinf(m).any() else q  # inf * 0 where pi = 0
 
 
 def _group_sum(x: torch.Tensor, scope: str) -> torch.Tensor:
@@ -28,7 +29,7 @@ def _group_sum(x: torch.Tensor, scope: str) -> torch.Tensor:
 
 
 def solve_draws(
-    pi: torch.Tensor, target: torch.Tensor, scope: str, iterations: int = 100
+    pi: torch.Tensor, target: torch.Tensor, scope: str, iterations: int = 100, rtol: float = 1e-10
 ) -> torch.Tensor:
     """m such that the expected kept count of each group equals ``target``.
 
@@ -36,21 +37,26 @@ def solve_draws(
     target: expected kept entries per group, broadcastable to the group sums of ``scope``
     ((1, b, 1, 1) global, (L, b, 1, 1) layer, (L, b, H, 1) head).
     Returns m with the group shape; +inf where the target is every drawable entry, 0 where it is 0.
+
+    Newton's method on f(m) = sum (1 - exp(-m pi)) - target, which is increasing and concave in m,
+    started from the lower bound target / sum(pi) (1 - e^-x <= x): every tangent step stays below
+    the root, so the iterates increase monotonically to it (a few to twenty steps in practice).
     """
     if scope not in SCOPES:
         raise ValueError(f"budget must be one of {SCOPES}, got {scope!r}")
     pi = pi.double()
     drawable = _group_sum((pi > 0).double(), scope)
     target = torch.as_tensor(target, dtype=torch.float64, device=pi.device).expand_as(drawable)
-    lo = torch.full_like(drawable, -30.0)  # log m
-    hi = torch.full_like(drawable, 40.0)
+    feasible = (target > 0) & (target < drawable)
+    goal = torch.where(feasible, target, torch.zeros_like(target))
+    m = goal / _group_sum(pi, scope).clamp_min(1e-300)
     for _ in range(iterations):
-        mid = (lo + hi) / 2
-        kept = _group_sum(inclusion_probability(pi, mid.exp()), scope)
-        below = kept < target
-        lo = torch.where(below, mid, lo)
-        hi = torch.where(below, hi, mid)
-    m = ((lo + hi) / 2).exp()
+        e = torch.exp(-m * pi)
+        gap = goal - _group_sum(1.0 - e, scope)  # >= 0: below the root
+        if bool((gap <= rtol * goal.clamp_min(1.0)).all()):
+            break
+        slope = _group_sum(pi * e, scope).clamp_min(1e-300)
+        m = m + torch.where(feasible, gap / slope, torch.zeros_like(m))
     m = torch.where(target >= drawable, torch.full_like(m, float("inf")), m)
     return torch.where(target <= 0, torch.zeros_like(m), m)
 
