@@ -69,3 +69,41 @@ def test_cli_fails_fast_on_unknown_names(capsys):
         cli_main(["run", "--presses", "prob_magic", "--out", "unused"])
     with pytest.raises(SystemExit):
         cli_main(["reproduce", "--preset", "nope"])
+
+
+def test_killed_run_resumes_to_the_same_metrics(tmp_path, tokenizer):
+    """SIGKILL a real `kvprob run` mid-way, rerun it, and compare with an uninterrupted run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    model_dir = tmp_path / "tiny"
+    tiny_model("llama").save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    env = {**os.environ, "KVPROB_CACHE": str(tmp_path / "cache")}
+
+    def command(out):
+        return [sys.executable, "-m", "evaluation", "run", "--model", str(model_dir), "--context-length", "300",
+                "--n-examples", "3", "--tasks", "vt", "--presses", "snapkv", "prob_min",
+                "--ratios", "0.5", "--seeds", "0", "1", "--out", str(out)]
+
+    subprocess.run(command(tmp_path / "clean"), env=env, check=True, capture_output=True)
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(command(killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    results = killed / "results.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not results.exists() or len(results.read_text().splitlines()) < 4):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    partial = len(results.read_text().splitlines())
+    assert 4 <= partial < 12, "the kill should land mid-run"
+    subprocess.run(command(killed), env=env, check=True, capture_output=True)
+    a, b = ResultStore(tmp_path / "clean" / "results.jsonl").load(), ResultStore(results).load()
+    assert len(a) == len(b) == 3 * 4  # 3 examples x (full, snapkv, prob_min seeds 0 and 1)
+    mean = lambda df: df.groupby(["press", "seed"]).score.mean()  # noqa: E731
+    pd.testing.assert_series_equal(mean(a), mean(b))
+    key = ["example_id", "press", "seed"]
+    assert a.set_index(key).prediction.sort_index().equals(b.set_index(key).prediction.sort_index())
