@@ -295,3 +295,15 @@ def rank_extremes(ranks: pd.DataFrame, by: Iterable[str] = ("model",)) -> pd.Dat
         ))
     columns = by + ["press", "best_rank", "best_tasks", "worst_rank", "worst_of", "worst_tasks", "n_tasks"]
     return pd.DataFrame(rows, columns=columns)
+
+
+def config_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (model, dataset, press, ratio): mean score, realised ratio, KV bytes held relative to the
+    full cache of the same example, and seconds per example (compression + decoding)."""
+    df = prepare(df)
+    full = df[df["press"] == REFERENCE].groupby(["model", "dataset", "data_dir", "example_id"])["kv_bytes"].first()
+    df = df.join(full.rename("full_bytes"), on=["model", "dataset", "data_dir", "example_id"])
+    df["kv_fraction"] = df["kv_bytes"] / df["full_bytes"]
+    return (df.groupby(["model", "dataset", "press", "compression_ratio"], as_index=False)
+              .agg(score=("score", "mean"), realised_ratio=("realised_ratio", "mean"),
+                   kv_fraction=("kv_fraction", "mean"), seconds=("seconds", "mean"), results=("score", "size")))

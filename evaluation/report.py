@@ -30,6 +30,7 @@ from matplotlib.figure import Figure
 from evaluation.aggregate import (
     REFERENCE,
     average_table,
+    config_table,
     broadcast_reference,
     prepare,
     rank_extremes,
@@ -319,6 +320,8 @@ def write_report(df: pd.DataFrame, out_dir: Path, title: str, threshold: float =
     csv("win_scores_csv", wins, "win_scores.csv")
     csv("task_ranks_csv", ranks, "task_ranks.csv")
     csv("rank_extremes_csv", extremes, "rank_extremes.csv")
+    configs = config_table(df)
+    csv("configurations_csv", configs, "configurations.csv")
     csv("uninformative_csv", pd.DataFrame(sorted(flagged), columns=["model", "dataset", "task"]),
         "uninformative_tasks.csv")
 
@@ -375,6 +378,11 @@ def write_report(df: pd.DataFrame, out_dir: Path, title: str, threshold: float =
     md.append("Rank of each method on each task by its mean score over compression ratios "
               "(1 = best, out of the number of methods on the task).\n")
     md += _rank_sections(ranks, extremes, flagged)
+    md.append("## Configurations\n")
+    md.append("Mean over examples and seeds: score, realised compression ratio, keys and values held as a "
+              "fraction of the full cache (stored, padding included), seconds per example (compression + "
+              "decoding; the shared prefill is not counted).\n")
+    md.append(markdown_table(configs, index=False, float_format="{:.3f}"))
     md.append("## Score per task\n")
     md.append("Mean over examples within a seed, then mean ± std over seeds (± only with several seeds). "
               "`full` is the uncompressed reference, repeated at every ratio.\n")

@@ -197,3 +197,20 @@ def test_task_ranks():
 def test_task_ranks_ties_share_best_rank():
     df = pd.DataFrame(rows("m", "t", "p", 0.5, [50]) + rows("m", "t", "q", 0.5, [50]) + rows("m", "t", "r", 0.5, [10]))
     assert as_dict(task_ranks(df), "rank") == {"p": 1, "q": 1, "r": 3}
+
+
+def test_config_table_relates_bytes_to_the_full_cache_of_the_same_example():
+    from evaluation.aggregate import config_table
+
+    rows = []
+    for ex, full_bytes in (("a", 1000), ("b", 2000)):
+        rows.append(dict(model="m", dataset="d", data_dir="1", task="t", example_id=ex, press="full",
+                         compression_ratio=0.0, seed=0, prediction="", answer=["x"], score=100.0,
+                         realised_ratio=0.0, kv_bytes=full_bytes, seconds=1.0))
+        rows.append(dict(model="m", dataset="d", data_dir="1", task="t", example_id=ex, press="p",
+                         compression_ratio=0.5, seed=0, prediction="", answer=["x"], score=50.0,
+                         realised_ratio=0.5, kv_bytes=full_bytes // 2 + (100 if ex == "a" else 0), seconds=2.0))
+    table = config_table(pd.DataFrame(rows)).set_index("press")
+    # (600 / 1000 + 1000 / 2000) / 2 = 0.55
+    assert table.loc["p", "kv_fraction"] == pytest.approx(0.55)
+    assert table.loc["full", "kv_fraction"] == 1.0 and table.loc["p", "score"] == 50.0
