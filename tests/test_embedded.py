@@ -24,3 +24,18 @@ def test_embedded_model_finds_a_short_needle(pipe):
     for name in ("adakv_snapkv", "prob_min_h"):
         answer = pipe(context, question=question, answer_prefix=prefix, press=get_press(name, 0.25), max_new_tokens=12)
         assert isinstance(answer["answer"], str)
+
+
+def test_shared_prefill_equals_the_pipeline_on_the_embedded_model(pipe):
+    from evaluation.runner import Config, SharedPrefill
+
+    context = NOISE * 10 + "One of the special magic numbers for bold-lake is: 7301942. " + NOISE * 10
+    question, prefix = "What is the special magic number for bold-lake?", "The special magic number is"
+    inputs = pipe.preprocess(context, [question], prefix, 10**9)
+    shared = SharedPrefill(pipe.model, inputs["context_ids"])
+    n = inputs["context_ids"].shape[1]
+    for name in ("snapkv", "h2o", "adakv_snapkv", "prob_snapkv", "prob_min_h", "topk_min_h"):
+        cfg = Config(name, 0.5, 0)
+        ours = pipe.generate_answer(inputs["questions_ids"][0], shared.compressed_cache(cfg.build()), n, 10)
+        reference = pipe(context, question=question, answer_prefix=prefix, press=cfg.build(), max_new_tokens=10)
+        assert ours == reference["answer"], name
