@@ -133,17 +133,16 @@ def attention_mass(
     b, hq, n, d = queries.shape
     hkv = keys.shape[1]
     g = hq // hkv
-    k = keys.float()
+    k = keys.float().transpose(2, 3)  # (b, H_kv, d, n)
     mass = torch.zeros(b, hkv, g, n, device=keys.device, dtype=torch.float32)
     positions = torch.arange(n, device=keys.device)
     for lo in range(start, n, chunk_size):
-        hi = min(n, lo + chunk_size)
-        q = queries[:, :, lo:hi].float().view(b, hkv, g, hi - lo, d)  # (b, H_kv, g, c, d)
-        logits = torch.einsum("bhgcd,bhnd->bhgcn", q, k) * scaling  # (b, H_kv, g, c, n)
-        future = positions[None, :] > positions[lo:hi, None]  # (c, n): key after query row
-        logits.masked_fill_(future, float("-inf"))
+        hi = min(n, lo + chunk_size)  # rows lo..hi-1 see keys 0..hi-1 only (causal)
+        q = queries[:, :, lo:hi].float().reshape(b, hkv, g * (hi - lo), d)  # query heads of a group stacked
+        logits = torch.matmul(q, k[..., :hi]).mul_(scaling).view(b, hkv, g, hi - lo, hi)  # (b, H_kv, g, c, hi)
+        logits.masked_fill_(positions[None, :hi] > positions[lo:hi, None], float("-inf"))
         p = torch.softmax(logits, dim=-1)
-        mass += torch.einsum("bhgcn,c->bhgn", p, h[lo - start : hi - start])
+        mass[..., :hi] += torch.einsum("bhgcn,c->bhgn", p, h[lo - start : hi - start])
     return mass.view(b, hq, n)
 
 
@@ -170,7 +169,7 @@ class AttentionProposal(Proposal):
     value_norm: bool = True
     centred: bool = False
     query_window: int | None = None
-    chunk_size: int = 256
+    chunk_size: int = 512
 
     def __post_init__(self):
         super().__post_init__()
