@@ -1,0 +1,157 @@
+"""Fast checks of the benchmarks in evaluation/bench (tiny random models, tiny synthetic instances)."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import random_ids, tiny_model
+
+from evaluation.bench import budget, oracle, speed
+from evaluation.bench.__main__ import build_parser
+
+# --------------------------------------------------------------------------- oracle
+
+
+def _subset_error(instance, subset, row=0):
+    logits, values = oracle.scores(instance), instance["values"]
+    return oracle.errors(logits, values, oracle.mask_of(subset, values.shape[0]))[0, row]
+
+
+def test_outputs_match_softmax_attention():
+    inst = oracle.make_instance(7, 4, 3, 2.0, 0.5, seed=1)
+    logits = oracle.scores(inst)
+    ref = torch.softmax(torch.tensor(logits), dim=-1) @ torch.tensor(inst["values"])
+    np.testing.assert_allclose(oracle.full_output(logits, inst["values"]), ref.numpy(), rtol=1e-10, atol=1e-12)
+    # weights on a subset = softmax over that subset (renormalised)
+    w = np.array([[1, 0, 1, 1, 0, 0, 1.0]])
+    keep = w[0].astype(bool)
+    ref_s = torch.softmax(torch.tensor(logits[:, keep]), dim=-1) @ torch.tensor(inst["values"][keep])
+    np.testing.assert_allclose(oracle.outputs(logits, inst["values"], w)[0], ref_s.numpy(), rtol=1e-10)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_brute_force_is_optimal_and_beats_topk(seed):
+    n, k = 8, 4
+    inst = oracle.make_instance(n, 4, 8, 2.0, 0.5, seed=seed)
+    logits, values = oracle.scores(inst), inst["values"]
+    best = oracle.brute_force(logits, values, k, chunk=7)  # small chunks: the search crosses blocks
+    assert len(best["now"]) == k and len(best["later"]) == k
+    p_t = np.exp(logits[0]) / np.exp(logits[0]).sum()
+    topk = np.argsort(-p_t)[:k]
+    assert _subset_error(inst, best["now"]) <= _subset_error(inst, topk) + 1e-12
+    # exhaustive check, independent of the chunked search
+    all_now = [_subset_error(inst, s) for s in itertools.combinations(range(n), k)]
+    assert math.isclose(_subset_error(inst, best["now"]), min(all_now), rel_tol=1e-12)
+    all_later = [
+        np.mean([_subset_error(inst, s, row) for row in range(1, 9)]) for s in itertools.combinations(range(n), k)
+    ]
+    got = np.mean([_subset_error(inst, best["later"], row) for row in range(1, 9)])
+    assert math.isclose(got, min(all_later), rel_tol=1e-12)
+
+
+def test_sampling_meets_budget_and_weights_are_unbiased():
+    p_t = np.random.default_rng(0).dirichlet(np.ones(10))
+    kept, w = oracle.sample_weights(p_t, 5, draws=4000, seed=0)
+    assert abs(kept.sum(1).mean() - 5) < 0.1  # expected kept count k
+    assert np.all((w > 0) == (kept > 0))
+    np.testing.assert_allclose(w.mean(0), 1.0, atol=0.15)  # E[c / (m pi)] = 1
+
+
+def test_jaccard():
+    assert oracle.jaccard((0, 1, 2), (1, 2, 3)) == 0.5
+    assert oracle.jaccard((0, 1), (0, 1)) == 1.0
+
+
+# --------------------------------------------------------------------------- speed: byte accounting
+
+
+def test_byte_accounting_by_hand():
+    model = tiny_model("llama")
+    n, layers, kv_heads, head_dim, fp32 = 80, 3, 2, 16, 4
+    ids = random_ids(n, seed=1)
+    full_cache, _, _ = speed.prefill(model, ids, "none", 0.5)
+    full = layers * 2 * (1 * kv_heads * n * head_dim) * fp32
+    assert speed.cache_bytes(full_cache) == full
+
+    topk_cache, _, _ = speed.prefill(model, ids, "snapkv", 0.5)
+    assert speed.cache_bytes(topk_cache) == layers * 2 * kv_heads * (n // 2) * head_dim * fp32
+
+    cache, press, _ = speed.prefill(model, ids, "prob_snapkv", 0.5, seed=3)
+    keep = press.last_draw.keep  # (L, b, H, n)
+    stored = [max(1, int(keep[l, 0].sum(-1).max())) for l in range(layers)]
+    kept = int(keep.sum())
+    assert speed.cache_bytes(cache) == sum(2 * kv_heads * s * head_dim * fp32 for s in stored)
+    assert speed.bias_bytes(model) == sum(kv_heads * s * fp32 for s in stored)
+    row = speed.memory_row(model, cache, press, "prob_snapkv", 0.5, n, full)
+    assert row["bytes_stored"] == press.stats["bytes_stored"] == speed.cache_bytes(cache)
+    assert row["bytes_bias"] == press.stats["bytes_bias"]
+    assert row["bytes_kept"] == kept * 2 * head_dim * fp32
+    assert row["bytes_full"] == press.stats["bytes_full"] == full
+    assert math.isclose(row["stored_over_budget"], speed.cache_bytes(cache) / (0.5 * full))
+    speed.strip_bias(model)
+    assert speed.bias_bytes(model) == 0
+
+
+# --------------------------------------------------------------------------- budget
+
+
+def test_budget_figures_by_hand():
+    fig = budget.figures_from_kept(torch.tensor([[2, 4], [3, 3]]), n=8)
+    np.testing.assert_allclose(fig["padding_layer"], [8 / 6, 1.0])
+    assert math.isclose(fig["realised_ratio"], 1 - 12 / 32)
+    assert math.isclose(fig["stored_fraction"], 2 * 7 / 32)
+    assert math.isclose(fig["padding_overall"], 14 / 12)
+    np.testing.assert_allclose(fig["kept_fraction"], [[0.25, 0.5], [0.375, 0.375]])
+
+
+def test_captured_proposal_redraw_matches_press():
+    model = tiny_model("llama")
+    press, pi = budget.capture_prefill(model, random_ids(70, seed=2), "prob_knorm", 0.5, seed=5)
+    assert pi.shape == (3, 1, 2, 70)
+    torch.testing.assert_close(pi.sum(-1), torch.ones(3, 1, 2, dtype=torch.float64))
+    fig = budget.draw_figures(pi, 0.5, "global", 5, press)
+    assert torch.equal(fig["keep"], press.last_draw.keep)
+    assert math.isclose(fig["realised_ratio"], press.stats["realised_ratio"], abs_tol=1e-12)
+    assert math.isclose(fig["padding_overall"], press.stats["padding"], rel_tol=1e-9)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_cli_has_every_option():
+    parser = build_parser()
+    args = parser.parse_args(["speed", "--quick", "--model", "x", "--out", "o", "--lengths", "64", "--repeats", "1"])
+    assert args.quick and args.model == "x" and args.lengths == [64] and args.repeats == 1
+    args = parser.parse_args(["budget", "--examples", "2", "--ratios", "0.5"])
+    assert args.examples == 2 and args.out == "results/bench"
+    args = parser.parse_args(["oracle", "--ns", "8", "--draws", "10"])
+    assert args.ns == [8] and args.instances == 20
+    with pytest.raises(SystemExit):
+        parser.parse_args(["nope"])
+
+
+def test_bias_snapshot_lets_caches_decode_in_lockstep():
+    """The lockstep decode swaps each variant's SNIS bias onto the modules: the corrected cache must
+    then decode exactly as it does alone."""
+    model = tiny_model("llama")
+    ids, n = random_ids(70, seed=4), 70
+    step = lambda cache, i: model(input_ids=torch.tensor([[7 + i]]), past_key_values=cache,
+                                  position_ids=torch.tensor([[n + i]])).logits
+    with torch.no_grad():
+        alone, _, _ = speed.prefill(model, ids, "prob_snapkv", 0.5, seed=2)
+        reference = [step(alone, i) for i in range(2)]
+        corrected, _, _ = speed.prefill(model, ids, "prob_snapkv", 0.5, seed=2)
+        biases = speed.snapshot_bias(model)
+        assert any(b is not None for b in biases)
+        other, _, _ = speed.prefill(model, ids, "snapkv", 0.5)  # a new prefill clears the module state
+        for i in range(2):
+            speed.set_bias(model, [None] * len(biases))
+            step(other, i)
+            speed.set_bias(model, biases)
+            torch.testing.assert_close(step(corrected, i), reference[i])
+        timing = speed.decode_interleaved(model, {"a": (corrected, biases), "b": (other, [None] * 3)}, n + 2,
+                                          torch.tensor([1, 2, 3]), warmup=1)
+    assert set(timing) == {"a", "b"} and timing["a"]["steps"] == 2
+    assert speed.bias_bytes(model) == 0  # the modules are left clean
