@@ -25,7 +25,7 @@ PRESETS = {
     "paper-longbench": dict(dataset="longbench", context_length=3000, n_examples=None, presses=PAPER_METHODS,
                             ratios=[0.1, 0.25, 0.5, 0.75, 0.9], seeds=[0, 1, 2]),
     "cpu-quick": dict(dataset="ruler", context_length=1024, n_examples=11,
-                      presses=["snapkv", "tova", "prob_snapkv", "prob_min_h", "topk_min_h"],
+                      presses=["snapkv", "tova", "prob_snapkv", "prob_min_h"],
                       ratios=[0.5, 0.75], seeds=[0]),
 }
 
