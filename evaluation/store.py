@@ -292,8 +292,8 @@ def records_to_frame(records: list[dict]) -> pd.DataFrame:
     return df
 
 
-def load_results(*paths: Path | str) -> pd.DataFrame:
-    """Read one or more results files (read-only) into one DataFrame, duplicates dropped."""
+def unique_records(paths) -> list[dict]:
+    """The records of several results files (read-only), the first of each key kept."""
     records, seen = [], set()
     for path in paths:
         for record in ResultStore(path, readonly=True).records():
@@ -301,7 +301,12 @@ def load_results(*paths: Path | str) -> pd.DataFrame:
             if key not in seen:
                 seen.add(key)
                 records.append(record)
-    return records_to_frame(records)
+    return records
+
+
+def load_results(*paths: Path | str) -> pd.DataFrame:
+    """Read one or more results files (read-only) into one DataFrame, duplicates dropped."""
+    return records_to_frame(unique_records(paths))
 
 
 # --------------------------------------------------------------------------- sharding
@@ -361,13 +366,7 @@ def merge(paths: list[Path | str], out: Path | str) -> int:
 
     ``out`` is written atomically and may be one of the inputs. Returns the record count.
     """
-    records, seen = [], set()
-    for path in paths:
-        for record in ResultStore(path, readonly=True).records():
-            key = record_key(record)
-            if key not in seen:
-                seen.add(key)
-                records.append(record)
+    records = unique_records(paths)
     write_atomic(Path(out), _encode_lines(records))
     return len(records)
 

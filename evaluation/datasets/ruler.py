@@ -40,20 +40,9 @@ from evaluation.datasets import (
     finalize_frame,
     tokenizer_fingerprint,
 )
+from evaluation.metrics import RULER_TASKS
 
-OFFLINE_TASKS = (
-    "niah_single_1",
-    "niah_single_2",
-    "niah_single_3",
-    "niah_multikey_1",
-    "niah_multikey_2",
-    "niah_multikey_3",
-    "niah_multivalue",
-    "niah_multiquery",
-    "vt",
-    "cwe",
-    "fwe",
-)
+OFFLINE_TASKS = tuple(task for task in RULER_TASKS if not task.startswith("qa_"))
 HUB_TASKS = ("qa_1", "qa_2")
 ALL_TASKS = OFFLINE_TASKS + HUB_TASKS
 
