@@ -16,7 +16,8 @@ normalised first, so every query head's support is covered.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from kvpress.presses.scorer_press import ScorerPress
@@ -150,13 +151,14 @@ def attention_mass(
 class AttentionProposal(Proposal):
     """Shared machinery of the proposals computed from recomputed prefill queries (sdpa-friendly).
 
+    A subclass sets ``plain_rows`` (which attention rows are mixed without the harmonic prior:
+    "last", the last prefix query only, or "uniform", all rows equally as H2O's cumulative
+    attention) and ``value_norm`` (multiply the attention mass by ||v_i||, as pi_min, or not).
+
     Parameters
     ----------
-    rows : {"last", "uniform", "harmonic"}
-        Which attention rows are mixed: the last prefix query only, all rows equally (H2O's
-        cumulative attention), or the harmonic prior h_j ~ 1 / (t - j + 1) over rows j <= t.
-    value_norm : bool
-        Multiply the attention mass by ||v_i|| (pi_min) or not (H2O).
+    harmonic : bool, default False
+        Mix the rows j <= t with the harmonic prior h_j ~ 1 / (t - j + 1) instead.
     centred : bool
         Use ||v_i - o|| with o the attention output of the same rows (SNIS-optimal centring).
     query_window : int, optional
@@ -165,20 +167,23 @@ class AttentionProposal(Proposal):
         Query rows per chunk of the O(n^2) computation.
     """
 
-    rows: str = "last"
-    value_norm: bool = True
+    plain_rows: ClassVar[str] = "last"
+    value_norm: ClassVar[bool] = True
+    harmonic: bool = False
     centred: bool = False
     query_window: int | None = None
     chunk_size: int = 512
 
     def __post_init__(self):
         super().__post_init__()
-        if self.rows not in ("last", "uniform", "harmonic"):
-            raise ValueError(f"rows must be 'last', 'uniform' or 'harmonic', got {self.rows!r}")
         if self.query_window is not None and self.query_window < 1:
             raise ValueError(f"query_window must be None or >= 1, got {self.query_window}")
         if self.chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
+
+    @property
+    def rows(self) -> str:
+        return "harmonic" if self.harmonic else self.plain_rows
 
     def weights(self, module, hidden_states, keys, values, kwargs):
         b, hkv, n, d = keys.shape
@@ -208,20 +213,12 @@ class MinVarianceProposal(AttentionProposal):
     rows (METHOD.md section 2), computed in query chunks. ``centred=True`` uses ||v_i - o||.
     Geh et al., "A Probabilistic Interpretation of KV Cache Eviction" (2026).
 
-    Parameters
-    ----------
-    harmonic : bool, default False
-        Mix all prefix rows with the harmonic prior instead of the last row alone.
-    (and the parameters of ``AttentionProposal`` and ``Proposal``)
+    Parameters: those of ``AttentionProposal`` (harmonic, centred, query_window, chunk_size) and
+    ``Proposal`` (floor, head_shared).
     """
 
-    harmonic: bool = False
-    rows: str = field(init=False, default="last")
-    value_norm: bool = field(init=False, default=True)
-
-    def __post_init__(self):
-        self.rows = "harmonic" if self.harmonic else "last"
-        super().__post_init__()
+    plain_rows: ClassVar[str] = "last"
+    value_norm: ClassVar[bool] = True
 
 
 @dataclass(kw_only=True)
@@ -231,16 +228,9 @@ class H2OProposal(AttentionProposal):
     harmonic=True weighs the rows with h_j ~ 1 / (t - j + 1) (pi_H2O-h). Unlike kvpress's
     ObservedAttentionPress it needs no eager attention: the rows are recomputed in chunks.
 
-    Parameters
-    ----------
-    harmonic : bool, default False
-    (and the parameters of ``AttentionProposal`` and ``Proposal``)
+    Parameters: those of ``AttentionProposal`` (harmonic, query_window, chunk_size; centred is
+    unused without value norms) and ``Proposal`` (floor, head_shared).
     """
 
-    harmonic: bool = False
-    rows: str = field(init=False, default="uniform")
-    value_norm: bool = field(init=False, default=False)
-
-    def __post_init__(self):
-        self.rows = "harmonic" if self.harmonic else "uniform"
-        super().__post_init__()
+    plain_rows: ClassVar[str] = "uniform"
+    value_norm: ClassVar[bool] = False
