@@ -85,7 +85,8 @@ def cmd_run(args) -> Path:
     data_dir = str(args.context_length) if args.dataset.startswith("ruler") else "lt3000"
     start = time.perf_counter()
     written = run(model, tokenizer, df, configs, store, model_name=_model_name(args.model), dataset=args.dataset,
-                  data_dir=data_dir, query_aware=args.query_aware, shard_spec=args.shard)
+                  data_dir=data_dir, query_aware=args.query_aware, shard_spec=args.shard,
+                  decode_batch=args.decode_batch)
     print(f"{written} results written to {store.path} in {time.perf_counter() - start:.0f} s")
     return out
 
@@ -126,6 +127,7 @@ def cmd_reproduce(args) -> None:
         model=args.model, dataset=preset["dataset"], context_length=preset["context_length"],
         n_examples=preset["n_examples"], tasks=None, data_seed=0, presses=preset["presses"],
         ratios=preset["ratios"], seeds=preset["seeds"], out=out, shard=args.shard, query_aware=args.query_aware,
+        decode_batch=args.decode_batch,
     )
     start = time.perf_counter()
     cmd_run(run_args)
@@ -167,6 +169,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--out", required=True, help="results folder")
     r.add_argument("--shard", default=None, help="i/n: run only shard i of n (by example), e.g. for a job array")
     r.add_argument("--query-aware", action="store_true", help="append the question to the compressed context")
+    r.add_argument("--decode-batch", type=int, default=16, help="configurations decoded side by side per example (1: kvpress's own decoding loop; "
+                   "larger is faster, the answers equal up to float rounding; memory grows with it)")
 
     m = sub.add_parser("merge", help="join shard files")
     m.add_argument("--out", required=True)
@@ -186,6 +190,8 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", default=None, help="default: results/<preset>[-<length>]")
     rp.add_argument("--shard", default=None, help="i/n: one shard (merge and report afterwards)")
     rp.add_argument("--query-aware", action="store_true", help="append the question to the compressed context")
+    rp.add_argument("--decode-batch", type=int, default=16, help="configurations decoded side by side per example (1: kvpress's own decoding loop; "
+                   "larger is faster, the answers equal up to float rounding; memory grows with it)")
 
     sub.add_parser("bench", help="measurements: kvprob bench {speed,budget,oracle,fidelity} --help", add_help=False)
     return p

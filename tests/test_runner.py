@@ -38,6 +38,44 @@ def test_shared_prefill_equals_the_pipeline_from_scratch(arch, tokenizer):
         assert ours == reference, name
 
 
+def test_shared_prefill_remembers_proposals_and_h2o_scores_exactly(tokenizer):
+    """Proposals and H2O's eager prefill are computed once per example and reused by every ratio and
+    seed: each of those configurations must still equal the pipeline from scratch."""
+    model = tiny_model("llama")
+    model.generation_config.eos_token_id = 2
+    pipe = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer)
+    row = examples(1).iloc[0]
+    inputs = pipe.preprocess(row.context, [row.question], row.answer_prefix, 10**9)
+    shared = SharedPrefill(model, inputs["context_ids"])
+    n = inputs["context_ids"].shape[1]
+    for cfg in configurations(["h2o", "prob_h2o", "prob_min_h"], [0.25, 0.75], [0, 1]):
+        ours = pipe.generate_answer(inputs["questions_ids"][0], shared.compressed_cache(cfg.build()), n, 6)
+        reference = pipe(row.context, question=row.question, answer_prefix=row.answer_prefix, press=cfg.build(),
+                         max_new_tokens=6)["answer"]
+        assert ours == reference, cfg
+    assert len(shared.proposals) == 2 and shared._eager is not None
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_batched_decoding_matches_one_at_a_time(arch, tmp_path, tokenizer):
+    """decode_batch > 1 stacks caches of different lengths (top-k, sampled with padding, full) and
+    decodes them together; the answers must be the pipeline's, configuration by configuration."""
+    model = tiny_model(arch)
+    model.generation_config.eos_token_id = 2
+    configs = configurations(["snapkv", "prob_min_h", "prob_snapkv_nocorr", "h2o"], [0.25, 0.75], [0, 1])
+    kwargs = dict(model_name="tiny", dataset="ruler", data_dir="64", progress=False)
+    one, many = ResultStore(tmp_path / "one.jsonl"), ResultStore(tmp_path / "many.jsonl")
+    run(model, tokenizer, examples(2), configs, one, **kwargs)
+    run(model, tokenizer, examples(2), configs, many, decode_batch=5, **kwargs)
+    key = ["example_id", "press", "compression_ratio", "seed"]
+    a, b = one.load().set_index(key).sort_index(), many.load().set_index(key).sort_index()
+    assert len(a) == 2 * len(configs)
+    assert a.prediction.equals(b.prediction)
+    assert a.kv_bytes.equals(b.kv_bytes)
+    with pytest.raises(ValueError, match="decode_batch"):
+        run(model, tokenizer, examples(1), configs, many, decode_batch=0, **kwargs)
+
+
 def test_configurations_run_deterministic_presses_once():
     configs = configurations(["snapkv", "prob_min"], [0.25, 0.5], [0, 1, 2])
     assert configs[0] == Config("full", 0.0, 0)
