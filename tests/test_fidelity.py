@@ -180,8 +180,8 @@ def test_replay_equals_real_compressed_prefill(setup, name, seed):
 # --------------------------------------------------------------------------- report from hand-made records
 
 
-def _record(example, press, kl, ratio=0.5, tau="1", method=None, seeds=(0,)):
-    return {
+def _record(example, press, kl, ratio=0.5, tau="1", method=None, seeds=(0,), budget="global"):
+    return {"budget": budget,
         "model": "m", "dataset": "ruler", "data_dir": "d", "task": "t", "example_id": example, "press": press,
         "compression_ratio": ratio, "seed": None, "method": method or press, "temperature": tau,
         "seeds": list(seeds), "kl": kl, "kl_answer": kl, "top1": [1.0] * len(kl), "nll_answer": [1.0] * len(kl),
@@ -214,6 +214,29 @@ def test_report_tables_from_records(tmp_path):
     row = next(line for line in text.splitlines() if line.startswith("| prob_snapkv |"))
     assert "–" not in row and "0.5000" in row and "1.000" in row  # every cell of the KL table filled
     assert paths["kl_bars"].exists() and paths["layer_error"].exists()
+
+
+def test_scope_configs_and_table(tmp_path):
+    from evaluation.store import ResultStore
+
+    main, _ = F.build_configs(["snapkv", "prob_snapkv"], [0.5], scopes=["global", "head"])
+    assert [x.label for x in main] == ["snapkv", "prob_snapkv", "prob_snapkv@budget=head"]
+    assert F.make_press(main[2], 3).budget == "head" and F.make_press(main[1], 3).budget == "global"
+    with pytest.raises(ValueError):
+        F.make_press(F.Config("snapkv", 0.5, None, "head"), 0)
+    records = []
+    for i, (top, glob, head) in enumerate([(0.5, 0.3, 0.2), (0.4, 0.2, 0.25), (0.6, 0.5, 0.3)]):
+        records.append(_record(f"e{i}", "snapkv", [top]))
+        records.append(_record(f"e{i}", "prob_snapkv", [glob]))
+        records.append(_record(f"e{i}", "prob_snapkv@budget=head", [head], method="prob_snapkv", budget="head"))
+    ResultStore(tmp_path / "records.jsonl").append(records)
+    F.write_report(tmp_path)
+    scopes = {r["scope"]: r for r in json.loads((tmp_path / "summary.json").read_text())["scopes"]}
+    assert set(scopes) == {"global", "head"}
+    assert scopes["head"]["vs_global"] == pytest.approx((-0.1 + 0.05 - 0.2) / 3)
+    assert scopes["head"]["vs_top-k"] == pytest.approx((0.2 + 0.25 + 0.3 - 1.5) / 3)
+    assert scopes["head"]["vs_top-k_better"] == "3/3" and scopes["global"]["vs_top-k_better"] == "3/3"
+    assert "Budget scope" in (tmp_path / "report.md").read_text()
 
 
 def test_debiased_bias2_is_unbiased_for_zero_bias():

@@ -374,19 +374,24 @@ def fmt_tau(t: float | None) -> str:
 
 @dataclass(frozen=True)
 class Config:
-    """One method setting. ``temperature`` None is the registry default (tau = 1)."""
+    """One method setting. ``temperature`` None is the registry default (tau = 1); ``budget`` None
+    is the registry's budget scope (global)."""
 
     press: str
     ratio: float
     temperature: float | None = None
+    budget: str | None = None
 
     def __post_init__(self):
         if self.temperature is not None and float(self.temperature) == 1.0:
             object.__setattr__(self, "temperature", None)
+        if self.budget == "global":
+            object.__setattr__(self, "budget", None)
 
     @property
     def label(self) -> str:
-        return self.press if self.temperature is None else f"{self.press}@tau={fmt_tau(self.temperature)}"
+        label = self.press if self.temperature is None else f"{self.press}@tau={fmt_tau(self.temperature)}"
+        return label if self.budget is None else f"{label}@budget={self.budget}"
 
 
 def is_sampling(name: str) -> bool:
@@ -404,8 +409,10 @@ def make_press(config: Config, seed: int):
         overrides["seed"] = seed
         if config.temperature is not None:
             overrides["temperature"] = config.temperature
-    elif config.temperature is not None:
-        raise ValueError(f"{config.press} is not a SamplingPress: it has no temperature")
+        if config.budget is not None:
+            overrides["budget"] = config.budget
+    elif config.temperature is not None or config.budget is not None:
+        raise ValueError(f"{config.press} is not a SamplingPress: it has no temperature or budget")
     return get_press(config.press, config.ratio, **overrides)
 
 
@@ -415,8 +422,10 @@ def seeds_for(config: Config, seeds: list[int]) -> list[int]:
 
 
 def build_configs(presses, ratios, sweep: bool = False, sweep_presses=SWEEP_PRESSES,
-                  sweep_ratios=SWEEP_RATIOS, temperatures=SWEEP_TEMPERATURES) -> tuple[list[Config], list[Config]]:
-    """(main KL grid, extra sweep configs not already in the grid)."""
+                  sweep_ratios=SWEEP_RATIOS, temperatures=SWEEP_TEMPERATURES,
+                  scopes=()) -> tuple[list[Config], list[Config]]:
+    """(main KL grid, extra sweep configs not already in the grid). ``scopes`` adds every sampling
+    press of the grid under each other budget scope (layer, head) to the main grid."""
     from kvpress_prob import PRESSES
 
     for name in list(presses) + (list(sweep_presses) if sweep else []):
@@ -425,6 +434,8 @@ def build_configs(presses, ratios, sweep: bool = False, sweep_presses=SWEEP_PRES
         if name == "h2o":
             raise SystemExit("h2o needs eager attention (ObservedAttentionPress); use prob_h2o / prob_h2o_h")
     main = [Config(p, float(r)) for r in ratios for p in presses]
+    main += [Config(p, float(r), None, scope) for r in ratios for p in presses if is_sampling(p)
+             for scope in scopes if scope != "global"]
     extra: list[Config] = []
     if sweep:
         seen = set(main)
@@ -526,10 +537,11 @@ def run(args) -> Path:
 
     out_dir = Path(args.out)
     store = ResultStore(out_dir / "records.jsonl")
-    done = {record_key(r["example_id"], Config(r["method"], r["compression_ratio"], _tau(r.get("temperature"))))
+    done = {record_key(r["example_id"], Config(r["method"], r["compression_ratio"], _tau(r.get("temperature")),
+                                               r.get("budget")))
             for r in store.records() if r.get("data_dir") == data_dir_of(args)}
     main_configs, sweep_configs = build_configs(
-        args.presses, args.ratios, args.sweep, args.sweep_presses, args.sweep_ratios, args.temperatures)
+        args.presses, args.ratios, args.sweep, args.sweep_presses, args.sweep_ratios, args.temperatures, args.scopes)
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     model, tokenizer = load_model(args.model)
@@ -573,6 +585,7 @@ def run(args) -> Path:
                     "example_id": row["example_id"], "press": config.label,
                     "compression_ratio": float(config.ratio), "seed": None, "phase": phase,
                     "method": config.press, "temperature": fmt_tau(config.temperature), "seeds": seeds,
+                    "budget": config.budget or "global",
                     "sampling": is_sampling(config.press), "n_context": n,
                     "n_question": n_question, "n_answer": int(continuation_ids.shape[1] - n_question),
                     "ref_nll_answer": ref_nll, "ref_seconds": t_full, "reuse_prefill": bool(args.reuse_prefill),
@@ -665,6 +678,37 @@ def paired_table(df: pd.DataFrame) -> pd.DataFrame:
                              "comparison": f"{a} − {b}", "diff": d["mean"], "lo": d["lo"], "hi": d["hi"],
                              "A_better": d["a_better"], "n": d["n"],
                              "kl_A": float(sa[common].mean()), "kl_B": float(sb[common].mean())})
+    return pd.DataFrame(rows)
+
+
+def scope_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per sampling method run under several budget scopes, per ratio and scope: KL, the paired
+    difference to the global scope and to the family's kvpress top-k press (equal ratio per layer)."""
+    main = df[(df["tau"] == 1.0) & df["main"]]
+    if "budget" not in main or main["budget"].fillna("global").eq("global").all():
+        return pd.DataFrame()
+    main = main.assign(budget=main["budget"].fillna("global"))
+    top_k = {name: roles["top-k"] for roles in FAMILIES.values() for role, name in roles.items() if role != "top-k"}
+    by = {(p, r): g.set_index("example_id")["kl_mean"] for (p, r), g in main.groupby(["press", "compression_ratio"])}
+    rows = []
+    for method in main.loc[main["budget"] != "global", "method"].unique():
+        for ratio in sorted(main["compression_ratio"].unique()):
+            base, topk = by.get((method, ratio)), by.get((top_k.get(method), ratio))
+            for (label, budget), g in main[(main["method"] == method) & (main["compression_ratio"] == ratio)].groupby(
+                    ["press", "budget"], sort=False):
+                kl = by[(label, ratio)]
+                row = {"method": method, "ratio": ratio, "scope": budget, **{f"kl_{k}": v for k, v in
+                                                                           mean_ci(kl).items()}}
+                for name, other in (("global", base), ("top-k", topk)):
+                    if other is None or (name == "global" and budget == "global"):
+                        continue
+                    common = kl.index.intersection(other.index)
+                    d = paired_difference(kl[common].to_numpy(), other[common].to_numpy())
+                    row.update({f"vs_{name}": d["mean"], f"vs_{name}_lo": d["lo"], f"vs_{name}_hi": d["hi"],
+                                f"vs_{name}_better": f"{d['a_better']}/{d['n']}"})
+                row["top_k_press"] = top_k.get(method)
+                row["realised_ratio"] = float(g["realised_ratio_mean"].mean())
+                rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -850,6 +894,29 @@ def write_report(out_dir: Path) -> dict:
             "A better": [f"{w}/{n}" for w, n in zip(paired["A_better"], paired["n"])],
         })
         md.append(markdown_table(table, index=False))
+    scopes = scope_table(df)
+    if not scopes.empty:
+        md.append("## Budget scope: global, per layer, per head\n")
+        md.append("The same proposal and m rule with the budget solved over all layers (global, the default), per "
+                  "layer, or per KV head; kvpress top-k keeps the same ratio in every layer and head. KL with 95% "
+                  "t-CI; `vs global` / `vs top-k`: paired KL difference on the same examples (negative: this scope is "
+                  "closer to the full cache), with the count of examples where it is better.\n")
+
+        def cell(row, name):
+            if not np.isfinite(row.get(f"vs_{name}", np.nan)):
+                return "–"
+            return f"{_ci_cell(row[f'vs_{name}'], row[f'vs_{name}_lo'], row[f'vs_{name}_hi'], '{:+.4f}')} " \
+                   f"({row[f'vs_{name}_better']})"
+
+        table = pd.DataFrame({
+            "method": scopes["method"], "ratio": scopes["ratio"].map(lambda v: f"{v:g}"), "scope": scopes["scope"],
+            "KL [95% CI]": [_ci_cell(m, lo, hi) for m, lo, hi in zip(scopes["kl_mean"], scopes["kl_lo"], scopes["kl_hi"])],
+            "vs global": [cell(r, "global") for r in scopes.to_dict(orient="records")],
+            "top-k press": scopes["top_k_press"].fillna("–"),
+            "vs top-k": [cell(r, "top-k") for r in scopes.to_dict(orient="records")],
+            "realised ratio": scopes["realised_ratio"].map(lambda v: f"{v:.4f}"),
+        })
+        md.append(markdown_table(table, index=False))
     if not layers.empty:
         md.append("## Layer-wise attention error\n")
         md.append("Relative L2 error ||o − o_full|| / ||o_full|| of each layer's attention output over the "
@@ -906,6 +973,7 @@ def write_report(out_dir: Path) -> dict:
     payload = {
         "kl": summary.to_dict(orient="records"),
         "paired": paired.to_dict(orient="records"),
+        "scopes": scopes.to_dict(orient="records"),
         "layers": layers.to_dict(orient="records"),
         "n_records": len(df),
     }
@@ -945,6 +1013,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep-ratios", nargs="+", type=float, default=list(SWEEP_RATIOS))
     p.add_argument("--temperatures", nargs="+", type=float, default=list(SWEEP_TEMPERATURES),
                    help="tau values of the sweep ('inf' = no correction)")
+    p.add_argument("--scopes", nargs="+", default=[], choices=["global", "layer", "head"],
+                   help="also run every sampling press under these budget scopes (scope table vs kvpress top-k)")
     p.add_argument("--no-reuse-prefill", dest="reuse_prefill", action="store_false",
                    help="rerun the compressed prefill for every configuration instead of replaying the press "
                         "hooks on the full prefill")
