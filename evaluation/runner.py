@@ -201,6 +201,12 @@ class RoomyLayer(DynamicLayer):
         self.keys, self.values = self._keys[:, :, : s + q], self._values[:, :, : s + q]
         return self.keys, self.values
 
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only these batch rows."""
+        s = self.keys.shape[2]
+        self._keys, self._values = self._keys[rows], self._values[rows]
+        self.keys, self.values = self._keys[:, :, :s], self._values[:, :, :s]
+
 
 def stack(items: list[Compressed], room: int) -> tuple[DynamicCache, list[torch.Tensor]]:
     """One batched cache of B configurations, with room for ``room`` new tokens, and its
@@ -227,36 +233,48 @@ def generate_batch(model, tokenizer, question_ids: torch.Tensor, items: list[Com
                    max_new_tokens: int) -> list[str]:
     """kvpress's ``generate_answer`` for B compressed caches at once (greedy, same stopping rule:
     the first token is never checked, a later stop token ends that row and is kept, then skipped
-    by ``skip_special_tokens``)."""
+    by ``skip_special_tokens``). Finished rows leave the batch once a quarter of it is done, so
+    one long answer does not keep every short one decoding."""
     layers = language_model(model).layers
     cache, biases = stack(items, room=question_ids.shape[1] + max_new_tokens)
-    b = len(items)
-    for layer, bias in zip(layers, biases):
-        setattr(layer.self_attn, correction.BIAS_ATTR, bias)
-        layer.self_attn.masked_key_indices = None
+    b, device = len(items), question_ids.device
     stop = model.generation_config.eos_token_id
-    stop = torch.tensor(stop if isinstance(stop, list) else [stop], device=question_ids.device)
+    stop = torch.tensor(stop if isinstance(stop, list) else [stop], device=device)
+    rows: list[list[int]] = [[] for _ in range(b)]
+    active = torch.arange(b, device=device)  # which of the B rows are still in the batch
     try:
+        for layer, bias in zip(layers, biases):
+            setattr(layer.self_attn, correction.BIAS_ATTR, bias)
+            layer.self_attn.masked_key_indices = None
         q_len = question_ids.shape[1]
-        position_ids = torch.arange(context_length, context_length + q_len, device=question_ids.device)
-        position_ids = position_ids.expand(b, q_len)  # (B, q)
-        logits = model(input_ids=question_ids.expand(b, q_len), past_key_values=cache, position_ids=position_ids,
-                       logits_to_keep=1).logits
-        tokens = [logits[:, -1].argmax(-1)]  # (B,)
-        done = torch.zeros(b, dtype=torch.bool, device=question_ids.device)
-        position_ids = position_ids[:, -1:] + 1
-        for i in range(max_new_tokens - 1):
-            logits = model(input_ids=tokens[-1][:, None], past_key_values=cache, position_ids=position_ids + i).logits
-            tokens.append(logits[:, -1].argmax(-1))
-            done |= torch.isin(tokens[-1], stop)
+        position_ids = torch.arange(context_length, context_length + q_len, device=device)
+        logits = model(input_ids=question_ids.expand(b, q_len), past_key_values=cache,
+                       position_ids=position_ids.expand(b, q_len), logits_to_keep=1).logits
+        new = logits[:, -1].argmax(-1)  # (B_active,)
+        position = context_length + q_len
+        for i in range(max_new_tokens):
+            for row, token in zip(active.tolist(), new.tolist()):
+                rows[row].append(token)
+            if i == max_new_tokens - 1:
+                break
+            done = torch.isin(new, stop) if i > 0 else torch.zeros_like(new, dtype=torch.bool)
             if done.all():
                 break
+            if int(done.sum()) >= max(1, len(active) // 4):  # drop finished rows
+                keep = (~done).nonzero().squeeze(1)
+                for layer, cache_layer in zip(layers, cache.layers):
+                    cache_layer.select(keep)
+                    bias = getattr(layer.self_attn, correction.BIAS_ATTR)
+                    setattr(layer.self_attn, correction.BIAS_ATTR, bias[keep])
+                active, new = active[keep], new[keep]
+            position_ids = torch.full((len(active), 1), position + i, device=device)
+            logits = model(input_ids=new[:, None], past_key_values=cache, position_ids=position_ids).logits
+            new = logits[:, -1].argmax(-1)
     finally:
         for layer in layers:
             correction.reset(layer.self_attn)
-    ids = torch.stack(tokens, dim=1).tolist()  # (B, T)
     answers = []
-    for row in ids:
+    for row in rows:
         end = next((t + 1 for t in range(1, len(row)) if row[t] in stop.tolist()), len(row))
         answers.append(str(tokenizer.decode(row[:end], skip_special_tokens=True)))
     return answers

@@ -7,7 +7,7 @@ from conftest import tiny_model
 from kvpress import KVPressTextGenerationPipeline
 
 from evaluation.cli import main as cli_main
-from evaluation.runner import Config, SharedPrefill, configurations, run
+from evaluation.runner import Compressed, Config, SharedPrefill, configurations, generate_batch, run
 from evaluation.store import ResultStore
 
 FAMILIES = ["snapkv", "tova", "knorm", "streaming_llm", "h2o", "prob_min_h", "prob_snapkv", "prob_h2o_h_nocorr",
@@ -74,6 +74,30 @@ def test_batched_decoding_matches_one_at_a_time(arch, tmp_path, tokenizer):
     assert a.kv_bytes.equals(b.kv_bytes)
     with pytest.raises(ValueError, match="decode_batch"):
         run(model, tokenizer, examples(1), configs, many, decode_batch=0, **kwargs)
+
+
+def test_batched_rows_leave_the_batch_when_they_stop(tokenizer):
+    """Rows that hit a stop token are dropped mid-decode; the rest must go on exactly as alone."""
+    model = tiny_model("qwen3")
+    pipe = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer)
+    row = examples(1).iloc[0]
+    inputs = pipe.preprocess(row.context, [row.question], row.answer_prefix, 10**9)
+    question, n = inputs["questions_ids"][0], inputs["context_ids"].shape[1]
+    shared = SharedPrefill(model, inputs["context_ids"])
+    configs = configurations(["snapkv", "prob_min_h", "knorm", "streaming_llm"], [0.25, 0.5, 0.75], [0, 1])
+    items = [Compressed.take(shared.compressed_cache(cfg.build()), shared.layers) for cfg in configs]
+
+    def one_by_one():
+        return [pipe.generate_answer(question, shared.compressed_cache(cfg.build()), n, 12) for cfg in configs]
+
+    model.generation_config.eos_token_id = -1  # never stops: find tokens that some rows emit early
+    long = [tokenizer(a, add_special_tokens=False).input_ids for a in one_by_one()]
+    stops = sorted({ids[1] for ids in long if len(ids) > 1})[:2]
+    model.generation_config.eos_token_id = stops
+    reference = one_by_one()
+    lengths = [len(tokenizer(a, add_special_tokens=False).input_ids) for a in reference]
+    assert min(lengths) < 6 and max(lengths) >= 11, "some rows must stop early and some run on"
+    assert generate_batch(model, tokenizer, question, items, n, 12) == reference
 
 
 def test_configurations_run_deterministic_presses_once():
