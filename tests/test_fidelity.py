@@ -153,6 +153,8 @@ def test_compressed_cache_has_positive_kl(setup):
         assert np.allclose(np.asarray(res["bias2"]) + np.asarray(res["variance"]), mse, rtol=1e-6)
         if name == "prob_min_h":
             assert res["kl"][0] != res["kl"][1] and min(res["variance"]) > 0  # seeds differ
+            # each head draws m times and keeps sum_i 1 - exp(-m pi_i) <= m entries, 0.4 n on average
+            assert res["m"] >= 0.4 * N_CONTEXT
         else:
             assert res["kl"][0] == res["kl"][1] and max(res["variance"]) < 1e-20  # deterministic
 
@@ -214,6 +216,22 @@ def test_report_tables_from_records(tmp_path):
     row = next(line for line in text.splitlines() if line.startswith("| prob_snapkv |"))
     assert "–" not in row and "0.5000" in row and "1.000" in row  # every cell of the KL table filled
     assert paths["kl_bars"].exists() and paths["layer_error"].exists()
+
+
+def test_loglog_slope_and_backfilled_m(tmp_path):
+    from evaluation.store import ResultStore
+
+    x = np.array([10.0, 20.0, 40.0, 80.0])
+    assert F.loglog_slope(x, 3.0 / x**2) == pytest.approx(-2.0)
+    assert F.loglog_slope(x, np.array([1.0, -1.0, 0.5, np.nan])) != F.loglog_slope(x, np.array([1.0, -1.0, 0.5, np.nan])) \
+        # fewer than 3 usable points: NaN
+    records = [dict(_record("e0", "prob_snapkv", [0.2]), m=None), dict(_record("e1", "prob_snapkv", [0.3]), m=70.0)]
+    ResultStore(tmp_path / "records.jsonl").append(records)
+    ResultStore(tmp_path / "m.jsonl").append([{"data_dir": "d", "example_id": "e0", "press": "prob_snapkv",
+                                               "compression_ratio": 0.5, "m": 50.0}])
+    df = F.load_records(tmp_path)
+    assert df.set_index("example_id")["m"].to_dict() == {"e0": 50.0, "e1": 70.0}
+    assert F.layer_table(df)["m_mean"].tolist() == [60.0]
 
 
 def test_scope_configs_and_table(tmp_path):

@@ -355,6 +355,12 @@ def relative_error(outputs, reference) -> list[float]:
     return (num / den).tolist()
 
 
+def draws_of(press) -> float | None:
+    """m, the number of draws of a SamplingPress's global budget (None otherwise)."""
+    m = (getattr(press, "stats", None) or {}).get("m")
+    return float(m) if isinstance(m, (int, float)) else None
+
+
 def realised_ratio(press, cache, n_context: int) -> float:
     """The press's realised ratio (SamplingPress stats), else from the cache's lengths."""
     stats = getattr(press, "stats", None)
@@ -500,6 +506,7 @@ def evaluate_config(model, config: Config, seeds: list[int], context_ids, contin
         else:
             cache = compressed_prefill(model, context_ids, press)
         ratio = realised_ratio(press, cache, n)
+        out["m"] = draws_of(press)
         logits, attention = continuation(model, cache, continuation_ids, n, capture_attention=layerwise)
         kl = kl_per_position(reference["logits"], logits)
         logp = torch.log_softmax(logits[answer_rows].double(), dim=-1)
@@ -537,6 +544,10 @@ def run(args) -> Path:
 
     out_dir = Path(args.out)
     store = ResultStore(out_dir / "records.jsonl")
+    m_store = ResultStore(out_dir / "m.jsonl")  # m backfilled for records written without it
+    known_m = {(r["example_id"], r["press"], float(r["compression_ratio"]))
+               for r in store.records() + m_store.records()
+               if r.get("m") is not None and r.get("data_dir") == data_dir_of(args)}
     done = {record_key(r["example_id"], Config(r["method"], r["compression_ratio"], _tau(r.get("temperature")),
                                                r.get("budget")))
             for r in store.records() if r.get("data_dir") == data_dir_of(args)}
@@ -575,6 +586,15 @@ def run(args) -> Path:
                         phase, row["example_id"], n, continuation_ids.shape[1],
                         continuation_ids.shape[1] - n_question, t_full, len(todo))
             proposal_cache: dict = {}
+            if phase == "main":  # m of sampling configurations recorded before m was (seed 0: m depends only on pi)
+                for config in main_configs + sweep_configs:
+                    if is_sampling(config.press) and (row["example_id"], config.label, config.ratio) not in known_m \
+                            and record_key(row["example_id"], config) in done:
+                        press = make_press(config, 0)
+                        replay_press(model, press, full_cache, captured, proposal_cache)
+                        m_store.append([{"data_dir": data_dir_of(args), "example_id": row["example_id"],
+                                         "press": config.label,
+                                         "compression_ratio": float(config.ratio), "m": draws_of(press)}])
             for config in todo:
                 seeds = seeds_for(config, args.seeds)
                 res = evaluate_config(model, config, seeds, context_ids, continuation_ids, n_question, reference,
@@ -622,6 +642,17 @@ def load_records(out_dir: Path) -> pd.DataFrame:
     if not records:
         return pd.DataFrame()
     df = pd.DataFrame.from_records(records)
+    if "m" not in df:
+        df["m"] = np.nan
+    backfill = ResultStore(Path(out_dir) / "m.jsonl", readonly=True).records() \
+        if (Path(out_dir) / "m.jsonl").exists() else []
+    if backfill:
+        known = {(r["data_dir"], r["example_id"], r["press"], float(r["compression_ratio"])): r["m"]
+                 for r in backfill}
+        keys = zip(df["data_dir"], df["example_id"], df["press"], df["compression_ratio"].astype(float))
+        df["m"] = [m if m is not None and np.isfinite(m) else known.get(k, np.nan)
+                   for m, k in zip(df["m"].astype(float), keys)]
+    df["m"] = df["m"].astype(float)
     for col in ("kl", "kl_answer", "top1", "nll_answer", "realised_ratio"):
         df[f"{col}_mean"] = df[col].map(lambda v: float(np.mean(v)))
     df["nll_delta_mean"] = df["nll_answer_mean"] - df["ref_nll_answer"]
@@ -726,7 +757,8 @@ def layer_table(df: pd.DataFrame) -> pd.DataFrame:
                      "err_mean": float(err.mean()), "err_first": float(err[0]), "err_last": float(err[-1]),
                      "mse_mean": float(mse.mean()), "bias2_mean": float(bias2.mean()), "var_mean": float(var.mean()),
                      "bias2_debiased": debiased_bias2(float(bias2.mean()), float(var.mean()), int(g["seeds"].map(len).min())),
-                     "n_seeds": int(g["seeds"].map(len).max()), "n_examples": len(g)})
+                     "n_seeds": int(g["seeds"].map(len).max()), "n_examples": len(g),
+                     "m_mean": float(g["m"].mean()) if g["m"].notna().all() else float("nan")})
     return pd.DataFrame(rows)
 
 
@@ -805,7 +837,17 @@ def plot_layer_error(layers: pd.DataFrame, path: Path, order: list) -> Path | No
     return _save_png(fig, path)
 
 
+def loglog_slope(x, y) -> float:
+    """Least-squares slope of log y on log x over the points with x, y > 0 (NaN with fewer than 3)."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    ok = np.isfinite(x) & np.isfinite(y) & (x > 0) & (y > 0)
+    return float(np.polyfit(np.log(x[ok]), np.log(y[ok]), 1)[0]) if ok.sum() >= 3 else float("nan")
+
+
 def plot_bias_variance(layers: pd.DataFrame, path: Path) -> Path | None:
+    """bias² (debiased) and variance of the attention output vs m, the number of draws (log-log,
+    with the fitted slope: SNIS theory gives -2 for bias² and -1 for variance as m grows); vs the
+    compression ratio when m is unknown."""
     from matplotlib.figure import Figure
 
     from evaluation.report import _save_png
@@ -819,17 +861,26 @@ def plot_bias_variance(layers: pd.DataFrame, path: Path) -> Path | None:
     axes = np.atleast_1d(fig.subplots(1, len(methods), squeeze=False)[0])
     for ax, method in zip(axes, methods):
         part = samp[samp["method"] == method]
+        by_m = "m_mean" in part and part["m_mean"].notna().all()
         for k, tau in enumerate(sorted(part["tau"].unique())):
-            g = part[part["tau"] == tau].sort_values("ratio")
+            g = part[part["tau"] == tau].sort_values("m_mean" if by_m else "ratio")
+            x = g["m_mean"] if by_m else g["ratio"]
             name = "inf" if math.isinf(tau) else f"{tau:g}"
-            ax.plot(g["ratio"], g["bias2_mean"], "-o", color=f"C{k}", label=f"bias² τ={name}", markersize=4)
-            ax.plot(g["ratio"], g["var_mean"], "--s", color=f"C{k}", label=f"variance τ={name}", markersize=4)
+            bias2 = g["bias2_debiased"].where(g["bias2_debiased"] > 0)
+            b_label, v_label = f"bias² τ={name}", f"variance τ={name}"
+            if by_m:
+                b_label += f" (slope {loglog_slope(x, bias2):+.2f})"
+                v_label += f" (slope {loglog_slope(x, g['var_mean']):+.2f})"
+            ax.plot(x, bias2, "-o", color=f"C{k}", label=b_label, markersize=4)
+            ax.plot(x, g["var_mean"], "--s", color=f"C{k}", label=v_label, markersize=4)
         ax.set_yscale("log")
-        ax.set_xlabel("compression ratio")
+        if by_m:
+            ax.set_xscale("log")
+        ax.set_xlabel("m, draws of the global budget (mean over examples)" if by_m else "compression ratio")
         ax.set_ylabel("relative squared error (mean over layers)")
         ax.set_title(method)
-        ax.legend(fontsize=7, ncol=2)
-    fig.suptitle("Bias² and variance of the attention output over seeds")
+        ax.legend(fontsize=6, ncol=1)
+    fig.suptitle("Debiased bias² and variance of the attention output over seeds")
     fig.tight_layout()
     return _save_png(fig, path)
 
