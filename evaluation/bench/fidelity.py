@@ -565,7 +565,11 @@ def run(args) -> Path:
     for phase, configs in phases:
         for _, row in frame.iterrows():
             todo = [c for c in configs if record_key(row["example_id"], c) not in done]
-            if not todo:
+            # m of sampling configurations recorded before m was (seed 0 suffices: m depends only on pi)
+            missing_m = [c for c in main_configs + sweep_configs if phase == "main" and is_sampling(c.press)
+                         and (row["example_id"], c.label, c.ratio) not in known_m
+                         and record_key(row["example_id"], c) in done]
+            if not todo and not missing_m:
                 continue
             if deadline is not None and time.time() > deadline:
                 logger.warning("--max-minutes reached: stopping (rerun the same command to resume)")
@@ -586,15 +590,11 @@ def run(args) -> Path:
                         phase, row["example_id"], n, continuation_ids.shape[1],
                         continuation_ids.shape[1] - n_question, t_full, len(todo))
             proposal_cache: dict = {}
-            if phase == "main":  # m of sampling configurations recorded before m was (seed 0: m depends only on pi)
-                for config in main_configs + sweep_configs:
-                    if is_sampling(config.press) and (row["example_id"], config.label, config.ratio) not in known_m \
-                            and record_key(row["example_id"], config) in done:
-                        press = make_press(config, 0)
-                        replay_press(model, press, full_cache, captured, proposal_cache)
-                        m_store.append([{"data_dir": data_dir_of(args), "example_id": row["example_id"],
-                                         "press": config.label,
-                                         "compression_ratio": float(config.ratio), "m": draws_of(press)}])
+            for config in missing_m:
+                press = make_press(config, 0)
+                replay_press(model, press, full_cache, captured, proposal_cache)
+                m_store.append([{"data_dir": data_dir_of(args), "example_id": row["example_id"], "press": config.label,
+                                 "compression_ratio": float(config.ratio), "m": draws_of(press)}])
             for config in todo:
                 seeds = seeds_for(config, args.seeds)
                 res = evaluate_config(model, config, seeds, context_ids, continuation_ids, n_question, reference,
