@@ -80,6 +80,27 @@ class Remembered(Proposal):
         return self.memo[module.layer_idx]
 
 
+@torch.no_grad()
+def recorded_prefill(model, layers, context_ids: torch.Tensor, on_layer=None) -> tuple[DynamicCache, list]:
+    """A full-cache prefill that keeps each attention module's hook inputs (past_key_values
+    left out); ``on_layer(module, kwargs, output)`` also sees each layer's hook call."""
+    inputs: list[tuple[torch.nn.Module, dict]] = []
+
+    def record(module, args, kwargs, output):
+        if on_layer is not None:
+            on_layer(module, kwargs, output)
+        inputs.append((module, {k: v for k, v in kwargs.items() if k != "past_key_values"}))
+
+    cache = DynamicCache()
+    hooks = [layer.self_attn.register_forward_hook(record, with_kwargs=True) for layer in layers]
+    try:
+        model.model(input_ids=context_ids, past_key_values=cache)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return cache, inputs
+
+
 class SharedPrefill:
     """One full-cache prefill of ``context_ids`` whose layer hooks can be replayed by any press."""
 
@@ -87,21 +108,9 @@ class SharedPrefill:
         self.model = model
         self.context_ids = context_ids
         self.layers = language_model(model).layers
-        self.inputs: list[tuple[torch.nn.Module, dict]] = []
         self.proposals: dict[str, dict[int, torch.Tensor]] = {}  # repr(proposal) -> layer -> pi
         self._eager = None
-
-        def record(module, args, kwargs, output):
-            self.inputs.append((module, {k: v for k, v in kwargs.items() if k != "past_key_values"}))
-
-        cache = DynamicCache()
-        hooks = [layer.self_attn.register_forward_hook(record, with_kwargs=True) for layer in self.layers]
-        try:
-            with torch.no_grad():
-                model.model(input_ids=context_ids, past_key_values=cache)
-        finally:
-            for hook in hooks:
-                hook.remove()
+        cache, self.inputs = recorded_prefill(model, self.layers, context_ids)
         self.keys = [layer.keys for layer in cache.layers]
         self.values = [layer.values for layer in cache.layers]
 
@@ -116,23 +125,18 @@ class SharedPrefill:
         last bits: one eager prefill, kept with its hook inputs and each layer's H2O scores (kvpress's
         own ``ObservedAttentionPress.score``), serves every ratio."""
         if self._eager is None:
-            scorer, scores, inputs = ObservedAttentionPress(), {}, []
+            scorer, scores = ObservedAttentionPress(), {}
 
-            def record(module, args, kwargs, output):
+            def score(module, kwargs, output):
                 layer = kwargs["past_key_values"].layers[module.layer_idx]
                 scores[module.layer_idx] = scorer.score(
                     module, kwargs["hidden_states"], layer.keys, layer.values, output[1], kwargs)
-                inputs.append((module, {k: v for k, v in kwargs.items() if k != "past_key_values"}))
 
             previous = self.model.config._attn_implementation
             self.model.set_attn_implementation("eager")
-            hooks = [layer.self_attn.register_forward_hook(record, with_kwargs=True) for layer in self.layers]
-            cache = DynamicCache()
             try:
-                self.model.model(input_ids=self.context_ids, past_key_values=cache)
+                cache, inputs = recorded_prefill(self.model, self.layers, self.context_ids, score)
             finally:
-                for hook in hooks:
-                    hook.remove()
                 self.model.set_attn_implementation(previous)
             self._eager = ([c.keys for c in cache.layers], [c.values for c in cache.layers], inputs, scores)
         return self._eager
@@ -239,7 +243,8 @@ def generate_batch(model, tokenizer, question_ids: torch.Tensor, items: list[Com
     cache, biases = stack(items, room=question_ids.shape[1] + max_new_tokens)
     b, device = len(items), question_ids.device
     stop = model.generation_config.eos_token_id
-    stop = torch.tensor(stop if isinstance(stop, list) else [stop], device=device)
+    stop_ids = set(stop if isinstance(stop, list) else [stop])
+    stop = torch.tensor(sorted(stop_ids), device=device)
     rows: list[list[int]] = [[] for _ in range(b)]
     active = torch.arange(b, device=device)  # which of the B rows are still in the batch
     try:
@@ -275,7 +280,7 @@ def generate_batch(model, tokenizer, question_ids: torch.Tensor, items: list[Com
             correction.reset(layer.self_attn)
     answers = []
     for row in rows:
-        end = next((t + 1 for t in range(1, len(row)) if row[t] in stop.tolist()), len(row))
+        end = next((t + 1 for t in range(1, len(row)) if row[t] in stop_ids), len(row))
         answers.append(str(tokenizer.decode(row[:end], skip_special_tokens=True)))
     return answers
 

@@ -21,15 +21,19 @@ def examples(n=3):
     return pd.DataFrame(rows)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_shared_prefill_equals_the_pipeline_from_scratch(arch, tokenizer):
+def shared_setup(arch, tokenizer):
+    """A tiny model's pipeline, one example, its inputs, its shared prefill and context length."""
     model = tiny_model(arch)
     model.generation_config.eos_token_id = 2
     pipe = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer)
     row = examples(1).iloc[0]
     inputs = pipe.preprocess(row.context, [row.question], row.answer_prefix, 10**9)
-    shared = SharedPrefill(model, inputs["context_ids"])
-    n = inputs["context_ids"].shape[1]
+    return pipe, row, inputs, SharedPrefill(model, inputs["context_ids"]), inputs["context_ids"].shape[1]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_shared_prefill_equals_the_pipeline_from_scratch(arch, tokenizer):
+    pipe, row, inputs, shared, n = shared_setup(arch, tokenizer)
     for name in ["full"] + FAMILIES:
         cfg = Config(name, 0.0 if name == "full" else 0.5, 1)
         ours = pipe.generate_answer(inputs["questions_ids"][0], shared.compressed_cache(cfg.build()), n, 6)
@@ -41,13 +45,7 @@ def test_shared_prefill_equals_the_pipeline_from_scratch(arch, tokenizer):
 def test_shared_prefill_remembers_proposals_and_h2o_scores_exactly(tokenizer):
     """Proposals and H2O's eager prefill are computed once per example and reused by every ratio and
     seed: each of those configurations must still equal the pipeline from scratch."""
-    model = tiny_model("llama")
-    model.generation_config.eos_token_id = 2
-    pipe = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer)
-    row = examples(1).iloc[0]
-    inputs = pipe.preprocess(row.context, [row.question], row.answer_prefix, 10**9)
-    shared = SharedPrefill(model, inputs["context_ids"])
-    n = inputs["context_ids"].shape[1]
+    pipe, row, inputs, shared, n = shared_setup("llama", tokenizer)
     for cfg in configurations(["h2o", "prob_h2o", "prob_min_h"], [0.25, 0.75], [0, 1]):
         ours = pipe.generate_answer(inputs["questions_ids"][0], shared.compressed_cache(cfg.build()), n, 6)
         reference = pipe(row.context, question=row.question, answer_prefix=row.answer_prefix, press=cfg.build(),
