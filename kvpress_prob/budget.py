@@ -22,6 +22,13 @@ def inclusion_probability(pi: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     return q.nan_to_num(0.0) if torch.isinf(m).any() else q  # inf * 0 where pi = 0
 
 
+def scope_target(per_head: torch.Tensor, scope: str) -> torch.Tensor:
+    """Per-head targets (L, b, H, 1) summed over the heads that share one scale in ``scope``."""
+    if scope not in SCOPES:
+        raise ValueError(f"budget must be one of {SCOPES}, got {scope!r}")
+    return {"global": per_head.sum((0, 2), keepdim=True), "layer": per_head.sum(2, keepdim=True), "head": per_head}[scope]
+
+
 def _group_sum(x: torch.Tensor, scope: str) -> torch.Tensor:
     """x (L, b, H, n) -> sums over the dimensions one m is shared by, kept for broadcasting."""
     dims = {"global": (0, 2, 3), "layer": (2, 3), "head": (3,)}[scope]

@@ -8,7 +8,7 @@ most negative finite value on padding. Every later forward of that module goes t
 
   out = [sum_kept w_i e^{s_i} v_i + sum_new e^{s_j} v_j] / [sum_kept w_i e^{s_i} + sum_new e^{s_j}]
 
-(METHOD.md section 4). It builds its own mask from the layer's real key length (transformers
+(docs/method.md, "Correction"). It builds its own mask from the layer's real key length (transformers
 builds the model's mask from layer 0's length, wrong here since layers differ): bias on the
 stored prefix, causal among the new tokens. A prefill (query length == key length) clears the
 state, the way kvpress clears ``masked_key_indices``.
@@ -26,12 +26,23 @@ import torch
 import torch.nn.functional as F
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-BIAS_ATTR = "kvprob_bias"
+_BIAS = "_kvprob_bias"  # module attribute; read and written only through the functions below
 
 
 def reset(module: torch.nn.Module) -> None:
     """Forget the correction of one attention module."""
-    setattr(module, BIAS_ATTR, None)
+    setattr(module, _BIAS, None)
+
+
+def set_bias(module: torch.nn.Module, bias: torch.Tensor | None) -> None:
+    """Install ``bias`` (b, H_kv, S): the additive logit bias of the S stored prefix entries of
+    this module's cache layer (None: plain attention)."""
+    setattr(module, _BIAS, bias)
+
+
+def bias_of(module: torch.nn.Module) -> torch.Tensor | None:
+    """The bias installed on this module (None: plain attention)."""
+    return getattr(module, _BIAS, None)
 
 
 def corrected_sdpa(
@@ -76,7 +87,7 @@ def wrap(func):
 
     @functools.wraps(func)
     def wrapper(module, query, key, value, attention_mask, *args, **kwargs):
-        bias = getattr(module, BIAS_ATTR, None)
+        bias = getattr(module, _BIAS, None)
         if bias is None:
             return func(module, query, key, value, attention_mask, *args, **kwargs)
         if query.shape[2] == key.shape[2]:  # a new prefill: the correction belongs to the old cache

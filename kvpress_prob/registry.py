@@ -5,7 +5,7 @@ attention, switched and restored by the press), knorm, adakv_snapkv (AdaKV over 
 Probabilistic (SamplingPress): prob_<baseline> sample from the baseline's scores (prob_h2o from
 the same cumulative attention recomputed on sdpa), prob_min / prob_min_h (pi_min, pi_min-h),
 prob_h2o_h; every prob press has an uncorrected ablation ``<name>_nocorr``.
-topk_min_h: pi_min-h kept deterministically under the same global budget (alpha = 1).
+topk_min_h: pi_min-h kept by top-k under the same global allocation (TopKSampler).
 Beyond the paper: prob_min_c (pi_min centred), prob_min_h_strata (alpha = 0.5), prob_min_h_coord
 (coordinated sampling), prob_min_h_shared (one proposal shared by a layer's heads),
 prob_snapkv_strata (alpha = 0.5), prob_min_h_ht and prob_snapkv_ht (Horvitz-Thompson weights 1 / q_i).
@@ -29,6 +29,7 @@ from kvpress import (
 
 from kvpress_prob.press import SamplingPress
 from kvpress_prob.proposals import H2OProposal, MinVarianceProposal, ScoreProposal
+from kvpress_prob.samplers import PoissonSampler, Sampler, TopKSampler
 
 
 @dataclass
@@ -53,13 +54,25 @@ class EagerObservedAttentionPress(ObservedAttentionPress):
             model.set_attn_implementation(previous)
 
 
-def _sampling(proposal_factory: Callable, **press_kwargs) -> Callable[[float], SamplingPress]:
-    return lambda ratio: SamplingPress(proposal=proposal_factory(), compression_ratio=ratio, **press_kwargs)
+def _sampling(proposal_factory: Callable, sampler_factory: Callable = PoissonSampler,
+              **press_kwargs) -> Callable[[float], SamplingPress]:
+    return lambda ratio: SamplingPress(proposal=proposal_factory(), sampler=sampler_factory(),
+                                       compression_ratio=ratio, **press_kwargs)
+
+
+def _poisson(**sampler_kwargs) -> Callable[[], PoissonSampler]:
+    return lambda: PoissonSampler(**sampler_kwargs)
 
 
 def _uncorrected(factory: Callable[[float], SamplingPress]) -> Callable[[float], SamplingPress]:
     return lambda ratio: replace(factory(ratio), correct=False)
 
+
+#: Sampling designs by name; ``get_press(..., sampler="topk")`` builds one with its defaults.
+SAMPLERS: dict[str, Callable[[], Sampler]] = {
+    "poisson": PoissonSampler,
+    "topk": TopKSampler,
+}
 
 BASELINES: dict[str, Callable[[float], BasePress]] = {
     "streaming_llm": lambda r: StreamingLLMPress(compression_ratio=r),
@@ -80,41 +93,68 @@ _PROB: dict[str, Callable[[float], SamplingPress]] = {
     "prob_h2o_h": _sampling(lambda: H2OProposal(harmonic=True)),
     # beyond the paper
     "prob_min_c": _sampling(lambda: MinVarianceProposal(harmonic=False, centred=True)),
-    "prob_min_h_strata": _sampling(lambda: MinVarianceProposal(harmonic=True), alpha=0.5),
-    "prob_min_h_coord": _sampling(lambda: MinVarianceProposal(harmonic=True), coordinated=True),
+    "prob_min_h_strata": _sampling(lambda: MinVarianceProposal(harmonic=True), _poisson(alpha=0.5)),
+    "prob_min_h_coord": _sampling(lambda: MinVarianceProposal(harmonic=True), _poisson(coordinated=True)),
     "prob_min_h_shared": _sampling(lambda: MinVarianceProposal(harmonic=True, head_shared=True)),
-    "prob_snapkv_strata": _sampling(lambda: ScoreProposal(scorer=SnapKVPress()), alpha=0.5),
-    "prob_min_h_ht": _sampling(lambda: MinVarianceProposal(harmonic=True), inclusion_weights=True),
-    "prob_snapkv_ht": _sampling(lambda: ScoreProposal(scorer=SnapKVPress()), inclusion_weights=True),
+    "prob_snapkv_strata": _sampling(lambda: ScoreProposal(scorer=SnapKVPress()), _poisson(alpha=0.5)),
+    "prob_min_h_ht": _sampling(lambda: MinVarianceProposal(harmonic=True), _poisson(inclusion_weights=True)),
+    "prob_snapkv_ht": _sampling(lambda: ScoreProposal(scorer=SnapKVPress()), _poisson(inclusion_weights=True)),
 }
 
 PRESSES: dict[str, Callable[[float], BasePress]] = {
     **BASELINES,
     "adakv_snapkv": lambda r: AdaKVPress(press=SnapKVPress(compression_ratio=r)),
-    "topk_min_h": _sampling(lambda: MinVarianceProposal(harmonic=True), alpha=1.0),
+    "topk_min_h": _sampling(lambda: MinVarianceProposal(harmonic=True), TopKSampler),
     **_PROB,
     **{f"{name}_nocorr": _uncorrected(factory) for name, factory in _PROB.items()},
 }
 
 
+def _init_fields(obj) -> set[str]:
+    return {f.name for f in fields(obj) if f.init}
+
+
 def get_press(name: str, compression_ratio: float, **overrides) -> BasePress:
-    """The press registered as ``name`` at ``compression_ratio``, with dataclass fields overridden
-    (e.g. ``seed=3``, ``temperature=2.0``, ``budget="layer"``)."""
+    """The press registered as ``name`` at ``compression_ratio``, with dataclass fields overridden.
+
+    An override names a field of the press (``seed=3``, ``temperature=2.0``, ``budget="layer"``),
+    of its sampler (``alpha=0.5``) or of its proposal (``chunk_size=256``, ``floor=0.05``); a name
+    that more than one of them has is refused, pass a whole ``sampler=`` or ``proposal=`` instead.
+    ``sampler`` may be a name of ``SAMPLERS``; sampler fields then apply to the new sampler.
+    """
     if name not in PRESSES:
         raise ValueError(f"unknown press {name!r}; valid names: {', '.join(sorted(PRESSES))}")
     if not 0.0 <= compression_ratio < 1.0:
         raise ValueError(f"compression_ratio must be in [0, 1), got {compression_ratio}")
     press = PRESSES[name](compression_ratio)
-    if overrides:
-        valid = {f.name for f in fields(press) if f.init}
-        unknown = set(overrides) - valid
-        if unknown:
-            raise ValueError(f"press {name!r} has no field(s) {sorted(unknown)}; valid: {sorted(valid)}")
-        press = replace(press, **overrides)
-    return press
+    if not overrides:
+        return press
+    if isinstance(overrides.get("sampler"), str):
+        if overrides["sampler"] not in SAMPLERS:
+            raise ValueError(f"unknown sampler {overrides['sampler']!r}; valid: {', '.join(sorted(SAMPLERS))}")
+        overrides["sampler"] = SAMPLERS[overrides["sampler"]]()
+    if "sampler" in overrides or "proposal" in overrides:
+        whole = {key: overrides.pop(key) for key in ("sampler", "proposal") if key in overrides}
+        press = replace(press, **whole)
+        if not overrides:
+            return press
+    parts = {"press": press}
+    if isinstance(press, SamplingPress):
+        parts |= {"sampler": press.sampler, "proposal": press.proposal}
+    owners: dict[str, dict] = {part: {} for part in parts}
+    for key, value in overrides.items():
+        having = [part for part, obj in parts.items() if key in _init_fields(obj)]
+        if not having:
+            valid = sorted(set().union(*(_init_fields(obj) for obj in parts.values())))
+            raise ValueError(f"press {name!r} has no field {key!r}; valid: {valid}")
+        if len(having) > 1:
+            raise ValueError(f"field {key!r} of press {name!r} is ambiguous (a field of {' and '.join(having)})")
+        owners[having[0]][key] = value
+    inner = {part: replace(parts[part], **owners[part]) for part in ("sampler", "proposal") if owners.get(part)}
+    return replace(press, **owners["press"], **inner)
 
 
-def is_sampling(name: str) -> bool:
-    """Whether the named press samples (its result depends on the seed)."""
-    press = get_press(name, 0.5)
-    return isinstance(press, SamplingPress) and press.alpha < 1.0
+def is_sampling(name: str, **overrides) -> bool:
+    """Whether the named press (with these ``get_press`` overrides) samples: its result depends on the seed."""
+    press = get_press(name, 0.5, **overrides)
+    return isinstance(press, SamplingPress) and press.sampler.random

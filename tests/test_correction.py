@@ -7,7 +7,7 @@ import torch
 from conftest import random_ids, tiny_model
 from transformers import DynamicCache
 
-from kvpress_prob import get_press
+from kvpress_prob import correction, get_press
 
 N_PREFIX = 96
 
@@ -160,9 +160,9 @@ def test_prefill_clears_the_correction(model):
         cache = DynamicCache()
         with get_press("prob_min", 0.5)(model):
             model.model(input_ids=ids, past_key_values=cache)
-        assert model.model.layers[0].self_attn.kvprob_bias is not None
+        assert correction.bias_of(model.model.layers[0].self_attn) is not None
         fresh = model(input_ids=ids).logits
-        assert model.model.layers[0].self_attn.kvprob_bias is None
+        assert correction.bias_of(model.model.layers[0].self_attn) is None
         plain = tiny_model(model.config.model_type)(input_ids=ids).logits
     torch.testing.assert_close(fresh, plain)
 
@@ -176,6 +176,6 @@ def test_batch_mismatch_is_refused():
         model.model(input_ids=random_ids(64), past_key_values=DynamicCache())
     attn = model.model.layers[0].self_attn
     q = torch.zeros(2, 4, 1, 16)
-    k = torch.zeros(2, 2, attn.kvprob_bias.shape[-1] + 1, 16)
+    k = torch.zeros(2, 2, correction.bias_of(attn).shape[-1] + 1, 16)
     with pytest.raises(ValueError, match="batch size 2"):
         ALL_ATTENTION_FUNCTIONS["sdpa"](attn, q, k, k, None, dropout=0.0, scaling=0.25)

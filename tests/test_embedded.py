@@ -27,21 +27,22 @@ def test_embedded_model_finds_a_short_needle(pipe):
 
 
 def test_shared_prefill_equals_the_pipeline_on_the_embedded_model(pipe):
-    from evaluation.runner import Compressed, Config, SharedPrefill, generate_batch
+    from evaluation.engine import Compressed, Prefill, generate_batch
+    from evaluation.runner import Config
 
     context = NOISE * 10 + "One of the special magic numbers for bold-lake is: 7301942. " + NOISE * 10
     question, prefix = "What is the special magic number for bold-lake?", "The special magic number is"
     inputs = pipe.preprocess(context, [question], prefix, 10**9)
-    shared = SharedPrefill(pipe.model, inputs["context_ids"])
+    shared = Prefill(pipe.model, inputs["context_ids"])
     n = inputs["context_ids"].shape[1]
     references, items = [], []
     for name in ("snapkv", "h2o", "adakv_snapkv", "prob_snapkv", "prob_min_h", "topk_min_h"):
         cfg = Config(name, 0.5, 0)
-        ours = pipe.generate_answer(inputs["questions_ids"][0], shared.compressed_cache(cfg.build()), n, 10)
+        ours = pipe.generate_answer(inputs["questions_ids"][0], shared.compress(cfg.build()), n, 10)
         reference = pipe(context, question=question, answer_prefix=prefix, press=cfg.build(), max_new_tokens=10)
         assert ours == reference["answer"], name
         if name != "adakv_snapkv":  # AdaKV masks keys: the runner decodes it alone
             references.append(reference["answer"])
-            items.append(Compressed.take(shared.compressed_cache(cfg.build()), shared.layers))
+            items.append(Compressed.take(shared.compress(cfg.build()), shared.layers))
     # the runner's batched decoding of the same configurations on the real model
     assert generate_batch(pipe.model, pipe.tokenizer, inputs["questions_ids"][0], items, n, 10) == references

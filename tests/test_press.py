@@ -7,7 +7,9 @@ from kvpress import KVPressTextGenerationPipeline
 from transformers import DynamicCache
 
 from kvpress_prob import PRESSES, SamplingPress, get_press
+from kvpress_prob import correction
 from kvpress_prob.press import language_model
+from kvpress_prob.samplers import PoissonSampler, TopKSampler
 
 
 def prefill(model, press, n=128, seed=0):
@@ -71,7 +73,7 @@ def test_zero_ratio_leaves_the_cache_untouched(model):
     press = get_press("prob_min", 0.0)
     cache = prefill(model, press, n=64)
     assert all(layer.keys.shape[2] == 64 for layer in cache.layers)
-    assert all(getattr(layer.self_attn, "kvprob_bias", None) is None for layer in language_model(model).layers)
+    assert all(correction.bias_of(layer.self_attn) is None for layer in language_model(model).layers)
 
 
 @pytest.mark.parametrize(
@@ -83,13 +85,28 @@ def test_zero_ratio_leaves_the_cache_untouched(model):
         (dict(compression_ratio=0.5, temperature=-1.0), "temperature"),
         (dict(compression_ratio=0.5, temperature=float("nan")), "temperature"),
         (dict(compression_ratio=0.5, budget="model"), "budget"),
-        (dict(compression_ratio=0.5, alpha=1.5), "alpha"),
-        (dict(compression_ratio=0.5, n_sink=-1), "n_sink"),
     ],
 )
 def test_bad_parameters_name_themselves(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SamplingPress(**kwargs)
+
+
+@pytest.mark.parametrize("fields,match", [(dict(alpha=1.0), "alpha"), (dict(alpha=-0.1), "alpha"), (dict(n_sink=-1), "n_sink")])
+def test_bad_sampler_parameters_name_themselves(fields, match):
+    with pytest.raises(ValueError, match=match):
+        PoissonSampler(**fields)
+
+
+def test_get_press_routes_overrides_to_press_sampler_and_proposal():
+    press = get_press("prob_min_h", 0.5, seed=3, alpha=0.25, chunk_size=64)
+    assert press.seed == 3 and press.sampler.alpha == 0.25 and press.proposal.chunk_size == 64
+    press = get_press("prob_tova", 0.5, sampler="topk", budget="head")
+    assert isinstance(press.sampler, TopKSampler) and press.budget == "head"
+    with pytest.raises(ValueError, match="unknown sampler"):
+        get_press("prob_tova", 0.5, sampler="magic")
+    with pytest.raises(ValueError, match="no field 'chunk_size'"):
+        get_press("prob_tova", 0.5, chunk_size=3)  # a scorer proposal has no chunks
 
 
 def test_unknown_press_lists_valid_names():

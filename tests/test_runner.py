@@ -7,7 +7,8 @@ from conftest import tiny_model
 from kvpress import KVPressTextGenerationPipeline
 
 from evaluation.cli import main as cli_main
-from evaluation.runner import Compressed, Config, SharedPrefill, configurations, generate_batch, run
+from evaluation.engine import Compressed, Prefill, generate_batch
+from evaluation.runner import Config, configurations, run
 from evaluation.store import ResultStore
 
 FAMILIES = ["snapkv", "tova", "knorm", "streaming_llm", "h2o", "prob_min_h", "prob_snapkv", "prob_h2o_h_nocorr",
@@ -28,7 +29,7 @@ def shared_setup(arch, tokenizer):
     pipe = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer)
     row = examples(1).iloc[0]
     inputs = pipe.preprocess(row.context, [row.question], row.answer_prefix, 10**9)
-    return pipe, row, inputs, SharedPrefill(model, inputs["context_ids"]), inputs["context_ids"].shape[1]
+    return pipe, row, inputs, Prefill(model, inputs["context_ids"]), inputs["context_ids"].shape[1]
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
@@ -36,7 +37,7 @@ def test_shared_prefill_equals_the_pipeline_from_scratch(arch, tokenizer):
     pipe, row, inputs, shared, n = shared_setup(arch, tokenizer)
     for name in ["full"] + FAMILIES:
         cfg = Config(name, 0.0 if name == "full" else 0.5, 1)
-        ours = pipe.generate_answer(inputs["questions_ids"][0], shared.compressed_cache(cfg.build()), n, 6)
+        ours = pipe.generate_answer(inputs["questions_ids"][0], shared.compress(cfg.build()), n, 6)
         reference = pipe(row.context, question=row.question, answer_prefix=row.answer_prefix, press=cfg.build(),
                          max_new_tokens=6)["answer"]
         assert ours == reference, name
@@ -47,7 +48,7 @@ def test_shared_prefill_remembers_proposals_and_h2o_scores_exactly(tokenizer):
     seed: each of those configurations must still equal the pipeline from scratch."""
     pipe, row, inputs, shared, n = shared_setup("llama", tokenizer)
     for cfg in configurations(["h2o", "prob_h2o", "prob_min_h"], [0.25, 0.75], [0, 1]):
-        ours = pipe.generate_answer(inputs["questions_ids"][0], shared.compressed_cache(cfg.build()), n, 6)
+        ours = pipe.generate_answer(inputs["questions_ids"][0], shared.compress(cfg.build()), n, 6)
         reference = pipe(row.context, question=row.question, answer_prefix=row.answer_prefix, press=cfg.build(),
                          max_new_tokens=6)["answer"]
         assert ours == reference, cfg
@@ -81,12 +82,12 @@ def test_batched_rows_leave_the_batch_when_they_stop(tokenizer):
     row = examples(1).iloc[0]
     inputs = pipe.preprocess(row.context, [row.question], row.answer_prefix, 10**9)
     question, n = inputs["questions_ids"][0], inputs["context_ids"].shape[1]
-    shared = SharedPrefill(model, inputs["context_ids"])
+    shared = Prefill(model, inputs["context_ids"])
     configs = configurations(["snapkv", "prob_min_h", "knorm", "streaming_llm"], [0.25, 0.5, 0.75], [0, 1])
-    items = [Compressed.take(shared.compressed_cache(cfg.build()), shared.layers) for cfg in configs]
+    items = [Compressed.take(shared.compress(cfg.build()), shared.layers) for cfg in configs]
 
     def one_by_one():
-        return [pipe.generate_answer(question, shared.compressed_cache(cfg.build()), n, 12) for cfg in configs]
+        return [pipe.generate_answer(question, shared.compress(cfg.build()), n, 12) for cfg in configs]
 
     model.generation_config.eos_token_id = -1  # never stops: find tokens that some rows emit early
     long = [tokenizer(a, add_special_tokens=False).input_ids for a in one_by_one()]

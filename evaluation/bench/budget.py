@@ -5,7 +5,7 @@ For every proposal and RULER example one real prefill runs under the press (r = 
 budget, seed = example index): its ``stats`` are recorded, and the per-layer proposals pi are
 captured on their way to the eviction (the press's end-of-prefill hook). The draws for the other
 ratios, scopes and seeds are then made with the same function the press calls
-(``kvpress_prob.sampling.draw``) on the captured pi, so the expensive prefill runs once per
+(the press's ``sampler``) on the captured pi, so the expensive prefill runs once per
 (proposal, example); the captured redraw at the press's own settings is checked to give the press's
 kept set exactly (``redraw_matches_press`` in the JSON). Proposals do not depend on the ratio
 (the scorer's compression_ratio is not used by its score).
@@ -35,37 +35,23 @@ SCOPES = ("global", "layer", "head")
 
 @torch.no_grad()
 def capture_prefill(model, ids: torch.Tensor, name: str, ratio: float, seed: int):
-    """Prefill under the press; returns (press, pi (L, b, H, n) float64 as the press drew from)."""
+    """One prefill and the press's compression through the engine; returns (press, pi (L, b, H, n)
+    float64: the proposals the press drew from)."""
+    from evaluation.engine import Prefill
     from kvpress_prob import get_press
 
     press = get_press(name, ratio, seed=seed)
-    captured = {}
-    evict = press.evict
-
-    def capturing_evict(*args):
-        pending = press._pending
-        if pending:
-            layer_ids = sorted(pending)
-            captured["pi"] = torch.stack([pending[i][1] for i in layer_ids]).double().clone()
-        return evict(*args)
-
-    press.evict = capturing_evict  # instance attribute: the press registers self.evict as its hook
-    cache = DynamicCache()
-    with press(model):
-        model.model(input_ids=ids, past_key_values=cache)
-    del cache
-    if "pi" not in captured:
-        raise RuntimeError(f"{name}: no proposal captured (was anything evicted?)")
-    return press, captured["pi"]
+    prefill = Prefill(model, ids)
+    proposals = prefill.proposals_of(press)
+    prefill.compress(press)
+    pi = torch.stack([proposals[module] for module in sorted(proposals, key=lambda m: m.layer_idx)]).double()
+    return press, pi
 
 
 def draw_figures(pi: torch.Tensor, ratio: float, scope: str, seed: int, press) -> dict:
-    """One draw with the press's settings; kept counts, stored lengths, realised ratio, padding."""
-    from kvpress_prob.sampling import draw
-
+    """One draw with the press's sampler; kept counts, stored lengths, realised ratio, padding."""
     generator = torch.Generator(device=pi.device).manual_seed(seed)
-    result = draw(pi, ratio, scope, generator, press.n_sink, press.window, press.alpha, press.coordinated,
-                  press.inclusion_weights)
+    result = press.sampler(pi, ratio, scope, generator)
     kept = result.keep[:, 0].sum(-1).double()  # (L, H)
     return figures_from_kept(kept, pi.shape[-1]) | {"keep": result.keep}
 

@@ -304,18 +304,18 @@ def replay_press(model, press, full_cache, captured, proposal_cache: dict | None
 
     with torch.no_grad(), press(model):  # post_init_from_model; its hooks never fire (no forward)
         sampling = isinstance(press, SamplingPress)
-        if sampling and proposal_cache is not None and press.compression_ratio > 0:
+        if sampling and press.compression_ratio > 0:
             key = repr(press.proposal)
-            if key in proposal_cache:
-                press._pending = {i: (modules[i], pi.clone()) for i, pi in proposal_cache[key].items()}
-                press._cache = cache
-            else:
-                run_hooks()
-                proposal_cache[key] = {i: pi.clone() for i, (_, pi) in press._pending.items()}
-        else:
+            if proposal_cache is None or key not in proposal_cache:
+                proposals = {}
+                for module, (kwargs, _) in zip(modules, captured):
+                    proposals[module.layer_idx] = press.propose(module, {**kwargs, "past_key_values": cache})
+                if proposal_cache is None:
+                    proposal_cache = {}
+                proposal_cache[key] = proposals
+            press.evict(cache, {modules[i]: pi for i, pi in proposal_cache[key].items()})
+        elif not sampling:
             run_hooks()
-        if sampling:
-            press.evict()
     return cache
 
 

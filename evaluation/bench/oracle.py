@@ -116,13 +116,13 @@ def sample_weights(p_t: np.ndarray, k: int, draws: int, seed: int, inclusion_wei
     Returns (kept (draws, n) 0/1, SNIS weights (draws, n): c_i / (m pi_i) on kept, 0 elsewhere;
     1 / q_i instead with ``inclusion_weights``). The same seed gives the same kept sets either way."""
     from kvpress_prob.budget import solve_draws
-    from kvpress_prob.sampling import sample
+    from kvpress_prob.samplers.poisson import poisson_sample
 
     pi = torch.as_tensor(p_t, dtype=torch.float64)[None, None, None, :]  # (L=1, b=1, H=1, n)
     m = solve_draws(pi, torch.tensor(float(k)), "head")  # (1, 1, 1, 1)
     pis = pi.expand(1, 1, draws, -1).contiguous()  # the draws as heads: independent, same pi
     generator = torch.Generator().manual_seed(seed)
-    kept, log_w = sample(pis, m.expand(1, 1, draws, 1), generator, inclusion_weights=inclusion_weights)
+    kept, log_w = poisson_sample(pis, m.expand(1, 1, draws, 1), generator, inclusion_weights=inclusion_weights)
     kept = kept[0, 0].double()
     w = torch.where(kept.bool(), log_w[0, 0].exp(), torch.zeros_like(kept))
     return kept.numpy(), w.numpy()

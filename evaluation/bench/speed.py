@@ -71,11 +71,11 @@ def attention_modules(model) -> list:
 
 def bias_bytes(model) -> int:
     """Bytes of the SNIS bias held on the attention modules (0 when there is none)."""
-    from kvpress_prob.correction import BIAS_ATTR
+    from kvpress_prob import correction
 
     total = 0
     for module in attention_modules(model):
-        bias = getattr(module, BIAS_ATTR, None)
+        bias = correction.bias_of(module)
         if bias is not None:
             total += bias.numel() * bias.element_size()
     return total
@@ -108,13 +108,13 @@ def prefill(model, ids: torch.Tensor, name: str, ratio: float, seed: int = 0):
 def strip_bias(model) -> list[int]:
     """Remove the SNIS bias of every attention module (the cache is then read by plain sdpa);
     returns the stored length of each layer."""
-    from kvpress_prob.correction import BIAS_ATTR
+    from kvpress_prob import correction
 
     lengths = []
     for module in attention_modules(model):
-        bias = getattr(module, BIAS_ATTR, None)
+        bias = correction.bias_of(module)
         lengths.append(None if bias is None else bias.shape[-1])
-        setattr(module, BIAS_ATTR, None)
+        correction.reset(module)
     return lengths
 
 
@@ -142,16 +142,16 @@ def decode(model, cache, n: int, tokens: torch.Tensor, warmup: int) -> dict:
 
 def snapshot_bias(model) -> list:
     """The SNIS bias tensor (or None) of every attention module, to restore with ``set_bias``."""
-    from kvpress_prob.correction import BIAS_ATTR
+    from kvpress_prob import correction
 
-    return [getattr(module, BIAS_ATTR, None) for module in attention_modules(model)]
+    return [correction.bias_of(module) for module in attention_modules(model)]
 
 
 def set_bias(model, biases: list) -> None:
-    from kvpress_prob.correction import BIAS_ATTR
+    from kvpress_prob import correction
 
     for module, bias in zip(attention_modules(model), biases):
-        setattr(module, BIAS_ATTR, bias)
+        correction.set_bias(module, bias)
 
 
 @torch.no_grad()

@@ -11,7 +11,13 @@ import pytest
 import torch
 
 from kvpress_prob.budget import expected_kept, solve_draws
-from kvpress_prob.sampling import draw, sample
+from kvpress_prob.samplers import PoissonSampler, TopKSampler
+from kvpress_prob.samplers.poisson import poisson_sample as sample
+
+
+def draw(pi, ratio, scope, generator, **sampler_fields):
+    """The paper's design with these sampler fields."""
+    return PoissonSampler(**sampler_fields)(pi, ratio, scope, generator)
 
 N, D = 64, 4
 
@@ -147,10 +153,10 @@ def test_strata_are_kept_exactly_with_weight_one():
     assert (result.log_weight[..., exact] == 0).all()
 
 
-def test_alpha_one_is_deterministic_top_k_under_the_allocation():
+def test_topk_sampler_is_deterministic_top_k_under_the_allocation():
     pi = heads(L=2, H=3, n=200)
-    a = draw(pi, 0.5, "global", torch.Generator().manual_seed(0), alpha=1.0)
-    b = draw(pi, 0.5, "global", torch.Generator().manual_seed(99), alpha=1.0)
+    a = TopKSampler()(pi, 0.5, "global", torch.Generator().manual_seed(0))
+    b = TopKSampler()(pi, 0.5, "global", torch.Generator().manual_seed(99))
     assert torch.equal(a.keep, b.keep) and (a.log_weight[a.keep] == 0).all()
     # per head, the kept entries are the top ones by pi
     for layer in range(2):

@@ -1,0 +1,60 @@
+"""What every sampling design shares: the ``Draw`` it returns and the ``Sampler`` interface.
+
+A sampler maps the proposals of every layer, pi (L, b, H, n), and the budget (the compression
+ratio and its scope) to the kept mask and the log-weights of the kept entries (docs/method.md,
+"Sampling designs"). Every design's weights make sum_kept w_i e^{s_i} v_i unbiased for the full
+prefix sum (E[w_i 1{i kept}] = 1), so the decode-time correction is the same for all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Draw:
+    """The outcome for all layers: keep (L, b, H, n) bool; log_weight (L, b, H, n) float32, -inf
+    where evicted and 0 where kept surely; stats: the design's own figures (e.g. m), for ``press.stats``."""
+
+    keep: torch.Tensor
+    log_weight: torch.Tensor
+    stats: dict = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class Sampler:
+    """Base class of the sampling designs. A subclass implements ``__call__``.
+
+    ``__call__(pi, compression_ratio, scope, generator) -> Draw``: pi (L, b, H, n) float64, rows
+    strictly positive and summing to 1; the expected kept count is (1 - compression_ratio) * n per
+    head on average over the ``scope`` ("global", "layer" or "head"); ``generator`` seeds every
+    random choice, so the same seed gives the same kept set.
+    """
+
+    #: whether the kept set depends on the seed (False for deterministic designs such as top-k)
+    random = True
+
+    def __call__(self, pi: torch.Tensor, compression_ratio: float, scope: str, generator: torch.Generator) -> Draw:
+        raise NotImplementedError
+
+
+def renormalise(pi: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """pi restricted to ``allowed`` and renormalised per head (all zero where nothing is allowed)."""
+    pi = pi * allowed
+    total = pi.sum(dim=-1, keepdim=True)
+    return torch.where(total > 0, pi / total.clamp_min(1e-300), pi)
+
+
+def top_by_rank(pi: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """Mask of the ``count`` (...,) entries with the largest pi (..., n) per head; ties go to the
+    earlier position."""
+    order = pi.argsort(dim=-1, descending=True, stable=True)
+    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(pi.shape[-1], device=pi.device).expand_as(order))
+    return rank < count[..., None]
+
+
+def check_ratio(compression_ratio: float) -> None:
+    if not 0.0 <= compression_ratio < 1.0:
+        raise ValueError(f"compression_ratio must be in [0, 1), got {compression_ratio}")
