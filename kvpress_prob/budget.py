@@ -71,3 +71,43 @@ def solve_draws(
 def expected_kept(pi: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """Expected kept count per head: sum_i (1 - exp(-m pi_i)). pi (..., n), m (..., 1) -> (...)."""
     return inclusion_probability(pi.double(), m.double()).sum(dim=-1)
+
+
+def threshold_inclusion(pi: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """q = min(1, c pi): the inclusion probabilities of threshold (pi-ps) sampling."""
+    return (c * pi).clamp(max=1.0)
+
+
+def solve_threshold(
+    pi: torch.Tensor, target: torch.Tensor, scope: str, floor: torch.Tensor | None = None, iterations: int = 200
+) -> torch.Tensor:
+    """c such that sum_i min(1, max(c, floor_h) pi_i) over each group of ``scope`` equals ``target``.
+
+    pi (L, b, H, n); target broadcastable to the group shape ((1, b, 1, 1) global, (L, b, 1, 1)
+    layer, (L, b, H, 1) head); ``floor`` (L, b, H, 1), optional: a per-head lower bound on c (the
+    allocation floor). The group's kept count is continuous and non-decreasing in c, so c is found
+    by bisection in log c, to a relative 1e-12. Returns c with the group shape, +inf where the
+    target is every drawable entry.
+    """
+    if scope not in SCOPES:
+        raise ValueError(f"budget must be one of {SCOPES}, got {scope!r}")
+    pi = pi.double()
+    floor = torch.zeros(*pi.shape[:-1], 1, dtype=torch.float64, device=pi.device) if floor is None else floor
+
+    def kept(c):
+        return _group_sum(threshold_inclusion(pi, torch.maximum(c, floor)), scope)
+
+    drawable = _group_sum((pi > 0).double(), scope)
+    target = torch.as_tensor(target, dtype=torch.float64, device=pi.device).expand_as(drawable)
+    smallest = pi.masked_fill(pi <= 0, float("inf")).amin()
+    hi = torch.full_like(drawable, 1.0 / float(smallest.clamp_min(1e-300)))  # keeps every drawable entry
+    lo = torch.full_like(drawable, 1e-300)
+    for _ in range(iterations):
+        mid = torch.sqrt(lo * hi)
+        below = kept(mid) < target
+        lo, hi = torch.where(below, mid, lo), torch.where(below, hi, mid)
+        if bool(((hi / lo) < 1 + 1e-12).all()):
+            break
+    c = hi
+    c = torch.where(target >= drawable, torch.full_like(c, float("inf")), c)
+    return torch.where(target <= 0, torch.zeros_like(c), c)

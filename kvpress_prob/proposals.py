@@ -3,9 +3,10 @@
 A proposal maps one layer's prefill state (module, hidden states, keys, values, the forward kwargs
 with the position embeddings) to a tensor pi of shape (batch, kv_heads, n): finite, strictly
 positive, summing to 1 over the n prefix positions. The sampling press draws the kept entries
-from it (METHOD.md section 2).
+from it (docs/method.md, "Proposals").
 
-Every proposal ends with the same two steps (``Proposal.__call__``):
+Every proposal ends with the same steps (``Proposal.__call__``):
+- optional sharpening: pi <- pi^beta / sum pi^beta;
 - optional head sharing: the mean over the layer's KV heads, shared by all of them;
 - a uniform floor: pi <- (1 - floor) * pi + floor / n, so that every entry can be drawn.
 
@@ -36,14 +37,20 @@ class Proposal:
         Mass of the uniform component mixed in, in [0, 1): every entry has pi_i >= floor / n.
     head_shared : bool, default False
         Share one proposal (the mean over the layer's KV heads) across all KV heads of the layer.
+    sharpness : float, default 1.0
+        beta > 0: pi is taken proportional to pi^beta before the floor (beyond the paper). 1 is the
+        paper; large beta tends to a top-k of the same scores, small beta to uniform.
     """
 
     floor: float = 0.01
     head_shared: bool = False
+    sharpness: float = 1.0
 
     def __post_init__(self):
         if not 0.0 <= self.floor < 1.0:
             raise ValueError(f"floor must be in [0, 1), got {self.floor}")
+        if not (self.sharpness > 0 and math.isfinite(self.sharpness)):
+            raise ValueError(f"sharpness must be a finite number > 0, got {self.sharpness}")
 
     def weights(self, module: nn.Module, hidden_states, keys, values, kwargs) -> torch.Tensor:
         raise NotImplementedError
@@ -52,6 +59,8 @@ class Proposal:
     def __call__(self, module: nn.Module, hidden_states, keys, values, kwargs) -> torch.Tensor:
         w = self.weights(module, hidden_states, keys, values, kwargs).float()  # (b, H_kv, n)
         pi = normalise(w, name=f"{type(self).__name__} weights")
+        if self.sharpness != 1.0:  # pi^beta / sum pi^beta, computed from the log to stay finite
+            pi = torch.softmax(self.sharpness * torch.log(pi.double()), dim=-1).float()
         if self.head_shared:
             pi = pi.mean(dim=1, keepdim=True).expand_as(pi).contiguous()
         n = pi.shape[-1]
@@ -210,7 +219,7 @@ class MinVarianceProposal(AttentionProposal):
     """pi_min (harmonic=False): p_t(i) ||v_i||, p_t the attention row of the last prefix query.
 
     pi_min-h (harmonic=True): sum_j h_j p_j(i) ||v_i|| with h_j ~ 1 / (t - j + 1) over the prefix
-    rows (METHOD.md section 2), computed in query chunks. ``centred=True`` uses ||v_i - o||.
+    rows (docs/method.md, "Proposals"), computed in query chunks. ``centred=True`` uses ||v_i - o||.
     Geh et al., "A Probabilistic Interpretation of KV Cache Eviction" (2026).
 
     Parameters: those of ``AttentionProposal`` (harmonic, centred, query_window, chunk_size) and

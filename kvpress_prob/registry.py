@@ -20,7 +20,10 @@ from typing import Callable
 from kvpress import (
     AdaKVPress,
     BasePress,
+    ExpectedAttentionPress,
+    KeyDiffPress,
     KnormPress,
+    LagKVPress,
     ObservedAttentionPress,
     SnapKVPress,
     StreamingLLMPress,
@@ -30,6 +33,8 @@ from kvpress import (
 from kvpress_prob.press import SamplingPress
 from kvpress_prob.proposals import H2OProposal, MinVarianceProposal, ScoreProposal
 from kvpress_prob.samplers import PoissonSampler, Sampler, TopKSampler
+from kvpress_prob.samplers.priority import PrioritySampler
+from kvpress_prob.samplers.threshold import ThresholdSampler
 
 
 @dataclass
@@ -72,6 +77,8 @@ def _uncorrected(factory: Callable[[float], SamplingPress]) -> Callable[[float],
 SAMPLERS: dict[str, Callable[[], Sampler]] = {
     "poisson": PoissonSampler,
     "topk": TopKSampler,
+    "threshold": ThresholdSampler,
+    "priority": PrioritySampler,
 }
 
 BASELINES: dict[str, Callable[[float], BasePress]] = {
@@ -81,6 +88,25 @@ BASELINES: dict[str, Callable[[float], BasePress]] = {
     "h2o": lambda r: EagerObservedAttentionPress(compression_ratio=r),
     "knorm": lambda r: KnormPress(compression_ratio=r),
 }
+
+#: Stronger query-agnostic top-k baselines from kvpress that run offline on a CPU.
+STRONGER: dict[str, Callable[[float], BasePress]] = {
+    # kvpress's own evaluation registry runs ExpectedAttention under AdaKV
+    "expected_attention": lambda r: AdaKVPress(press=ExpectedAttentionPress(compression_ratio=r, epsilon=1e-2)),
+    "keydiff": lambda r: KeyDiffPress(compression_ratio=r),
+    "lagkv": lambda r: LagKVPress(compression_ratio=r),
+    **{f"adakv_{name}": (lambda r, cls=cls: AdaKVPress(press=cls(compression_ratio=r)))
+       for name, cls in [("tova", TOVAPress), ("knorm", KnormPress), ("keydiff", KeyDiffPress),
+                         ("lagkv", LagKVPress)]},
+}
+
+
+def _tova():
+    return ScoreProposal(scorer=TOVAPress())
+
+
+def _knorm():
+    return ScoreProposal(scorer=KnormPress())
 
 _PROB: dict[str, Callable[[float], SamplingPress]] = {
     "prob_streaming_llm": _sampling(lambda: ScoreProposal(scorer=StreamingLLMPress())),
@@ -101,11 +127,33 @@ _PROB: dict[str, Callable[[float], SamplingPress]] = {
     "prob_snapkv_ht": _sampling(lambda: ScoreProposal(scorer=SnapKVPress()), _poisson(inclusion_weights=True)),
 }
 
+#: Proposals and sampling designs beyond the paper (their uncorrected ablation is ``correct=False``).
+_DESIGNS: dict[str, Callable[[float], SamplingPress]] = {
+    # proposals the paper lacks
+    "prob_expected_attention": _sampling(lambda: ScoreProposal(scorer=ExpectedAttentionPress(epsilon=1e-2))),
+    "prob_keydiff": _sampling(lambda: ScoreProposal(scorer=KeyDiffPress())),
+    "prob_lagkv": _sampling(lambda: ScoreProposal(scorer=LagKVPress())),
+    "prob_min_shared": _sampling(lambda: MinVarianceProposal(harmonic=False, head_shared=True)),
+    "prob_min_h_w64": _sampling(lambda: MinVarianceProposal(harmonic=True, query_window=64)),
+    # sampling designs beyond draws with replacement
+    "prob_tova_threshold": _sampling(_tova, ThresholdSampler),
+    "prob_tova_priority": _sampling(_tova, PrioritySampler),
+    "prob_tova_threshold_s4": _sampling(lambda: ScoreProposal(scorer=TOVAPress(), sharpness=4.0), ThresholdSampler),
+    "prob_tova_priority_s4": _sampling(lambda: ScoreProposal(scorer=TOVAPress(), sharpness=4.0), PrioritySampler),
+    "prob_tova_threshold_floor": _sampling(_tova, lambda: ThresholdSampler(min_keep=0.5)),
+    "prob_knorm_threshold": _sampling(_knorm, ThresholdSampler),
+    "prob_knorm_priority": _sampling(_knorm, PrioritySampler),
+    "prob_min_h_threshold": _sampling(lambda: MinVarianceProposal(harmonic=True), ThresholdSampler),
+    "prob_min_h_priority": _sampling(lambda: MinVarianceProposal(harmonic=True), PrioritySampler),
+}
+
 PRESSES: dict[str, Callable[[float], BasePress]] = {
     **BASELINES,
+    **STRONGER,
     "adakv_snapkv": lambda r: AdaKVPress(press=SnapKVPress(compression_ratio=r)),
     "topk_min_h": _sampling(lambda: MinVarianceProposal(harmonic=True), TopKSampler),
     **_PROB,
+    **_DESIGNS,
     **{f"{name}_nocorr": _uncorrected(factory) for name, factory in _PROB.items()},
 }
 

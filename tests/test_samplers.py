@@ -198,3 +198,77 @@ def test_weights_are_unbiased_for_one():
     w = torch.where(kept, log_w.exp(), torch.zeros_like(log_w))[:, 0, 0]  # (reps, 50)
     se = w.std(0) / math.sqrt(reps)
     assert ((w.mean(0) - 1).abs() < 4.5 * se + 1e-12).all()
+
+
+# ---------------------------------------------------------------- designs beyond the paper's draws
+from kvpress_prob.samplers.priority import PrioritySampler  # noqa: E402
+from kvpress_prob.samplers.threshold import ThresholdSampler  # noqa: E402
+
+DESIGNS = [PoissonSampler(), PoissonSampler(inclusion_weights=True), ThresholdSampler(), PrioritySampler(),
+           ThresholdSampler(min_keep=0.9), PrioritySampler(min_keep=0.9)]
+
+
+def weighted_totals(sampler, pi, y, reps, ratio=0.6, seed=0):
+    """(reps,) sum_kept w_i y_i over ``reps`` independent draws, each a head of one call."""
+    n = pi.shape[-1]
+    result = sampler(pi.expand(1, 1, reps, n), ratio, "head", torch.Generator().manual_seed(seed))
+    w = torch.where(result.keep, result.log_weight.double().exp(), torch.zeros(()).double())[0, 0]  # (reps, n)
+    return w @ y, result
+
+
+@pytest.mark.parametrize("sampler", DESIGNS, ids=repr)
+def test_design_weights_are_unbiased_for_the_full_total(sampler):
+    """E[sum_kept w_i y_i] = sum_i y_i for every design: z within 4.5 standard errors; and the
+    same draws with the weights dropped (plain renormalisation's numerator) are far off."""
+    g = torch.Generator().manual_seed(1)
+    n, reps = 40, 40000
+    pi = torch.softmax(2.0 * torch.randn(n, generator=g, dtype=torch.float64), 0)
+    y = torch.rand(n, generator=g, dtype=torch.float64) + 0.5  # any fixed values
+    totals, result = weighted_totals(sampler, pi, y, reps)
+    z = (totals.mean() - y.sum()) / (totals.std() / math.sqrt(reps))
+    assert abs(z) < 4.5, f"bias of {float(totals.mean() - y.sum()):.4f} is {float(z):.1f} standard errors"
+    unweighted = torch.where(result.keep[0, 0], 1.0, 0.0).double() @ y
+    assert abs(unweighted.mean() - y.sum()) > 10 * unweighted.std() / math.sqrt(reps)  # the test has power
+
+
+@pytest.mark.parametrize("scope", ["global", "layer", "head"])
+def test_threshold_and_priority_meet_the_budget(scope):
+    pi = heads(L=3, H=2, n=300)
+    for sampler in (ThresholdSampler(), PrioritySampler(), ThresholdSampler(min_keep=0.5)):
+        kept = torch.stack([sampler(pi, 0.75, scope, torch.Generator().manual_seed(s)).keep for s in range(10)])
+        realised = 1 - kept.double().mean().item()
+        # Poisson-binomial size: sd of the mean kept fraction <= sqrt(n_total / 4) / n_total per draw
+        assert abs(realised - 0.75) < 4.5 * math.sqrt(1 / (4 * kept[0].numel() * 10)) + 1.0 / 300
+    exact = PrioritySampler()(pi, 0.75, "head", torch.Generator().manual_seed(0)).keep.sum(-1)
+    assert (exact == int(300 * 0.25)).all()  # priority: exactly the head's count, as kvpress keeps
+
+
+def test_threshold_keeps_heavy_entries_surely():
+    pi = torch.full((1, 1, 1, 100), 0.5 / 98, dtype=torch.float64)
+    pi[..., :2] = 0.25  # two heavy entries: 1 / c <= 0.25 at a 50 % budget
+    for seed in range(20):
+        result = ThresholdSampler()(pi, 0.5, "head", torch.Generator().manual_seed(seed))
+        assert result.keep[..., :2].all() and (result.log_weight[..., :2] == 0).all()
+
+
+def test_allocation_floor_lifts_the_poorest_head():
+    flat = torch.full((300,), 1 / 300, dtype=torch.float64)
+    peaked = torch.softmax(torch.linspace(0, 30, 300, dtype=torch.float64), 0)
+    pi = torch.stack([flat, peaked]).view(1, 1, 2, 300)
+    share = 0.5 * 300
+
+    def expected(sampler):
+        return torch.stack([sampler(pi, 0.5, "global", torch.Generator().manual_seed(s)).keep.sum(-1)
+                            for s in range(200)]).double().mean(0).flatten()
+
+    plain, floored = expected(ThresholdSampler()), expected(ThresholdSampler(min_keep=0.8))
+    assert plain[1] < 0.8 * share - 10  # without the floor the peaked head keeps little
+    assert floored[1] > 0.8 * share - 5  # with it, at least its floor (200 draws: sd ~ 0.6)
+    assert abs(floored.sum() - 2 * share) < 5  # and the total is still the budget
+
+
+def test_same_seed_same_kept_set_for_every_design():
+    pi = heads(L=2, H=2, n=64)
+    for sampler in DESIGNS:
+        a, b = (sampler(pi, 0.5, "global", torch.Generator().manual_seed(9)) for _ in range(2))
+        assert torch.equal(a.keep, b.keep) and torch.equal(a.log_weight, b.log_weight)

@@ -1,0 +1,51 @@
+"""Priority sampling: a fixed number of entries per head, chosen by random priorities."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvpress_prob.budget import scope_target, solve_threshold, threshold_inclusion
+from kvpress_prob.samplers.base import Draw, Sampler, check_ratio, top_by_rank
+
+
+@dataclass(kw_only=True)
+class PrioritySampler(Sampler):
+    """Priority sampling (Duffield, Lund and Thorup, "Priority sampling for estimation of arbitrary
+    subset sums", J. ACM 2007): u_i ~ U(0, 1], priority pi_i / u_i; each head keeps its k_h entries
+    of largest priority, and with t the (k_h + 1)-th largest priority a kept entry weighs
+    max(pi_i, t) / pi_i. The weighted sum is unbiased for every subset sum, the kept count is exactly
+    k_h (no padding from random sizes) and the variance is near the best of any k-entry design.
+
+    k_h is the head's expected count under threshold sampling's allocation over the budget's scope
+    (int((1 - r) n) with ``budget="head"``), rounded down; see ``ThresholdSampler``.
+
+    Parameters
+    ----------
+    min_keep : float, default 0.0
+        Allocation floor, in [0, 1], as in ``ThresholdSampler``.
+    """
+
+    min_keep: float = 0.0
+
+    def __post_init__(self):
+        if not 0.0 <= self.min_keep <= 1.0:
+            raise ValueError(f"min_keep must be in [0, 1], got {self.min_keep}")
+
+    def __call__(self, pi, compression_ratio, scope, generator) -> Draw:
+        check_ratio(compression_ratio)
+        L, b, H, n = pi.shape
+        pi = pi.double()
+        per_head = torch.full((L, b, H, 1), (1.0 - compression_ratio) * n, dtype=torch.float64, device=pi.device)
+        floor = solve_threshold(pi, self.min_keep * per_head, "head") if self.min_keep > 0 else torch.zeros_like(per_head)
+        c = torch.maximum(solve_threshold(pi, scope_target(per_head, scope), scope, floor).expand(L, b, H, 1), floor)
+        k = torch.floor(threshold_inclusion(pi, c).nan_to_num(1.0).sum(-1) + 1e-6).long().clamp(max=n)  # (L, b, H)
+        u = 1.0 - torch.rand(pi.shape, generator=generator, device=pi.device, dtype=torch.float64)  # (0, 1]
+        priority = pi / u
+        keep = top_by_rank(priority, k)
+        ranked = priority.sort(dim=-1, descending=True).values
+        t = ranked.gather(-1, k.clamp(max=n - 1)[..., None])  # (L, b, H, 1): the (k + 1)-th priority
+        t = torch.where(k[..., None] >= n, torch.zeros_like(t), t)  # everything kept: weight 1
+        log_weight = torch.where(keep, torch.log(torch.maximum(pi, t)) - torch.log(pi), float("-inf"))
+        return Draw(keep=keep, log_weight=log_weight.float(), stats={"kept_per_head": k[:, 0].tolist()})
