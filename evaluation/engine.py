@@ -16,7 +16,8 @@ caches are stacked along the batch axis, each layer padded to the longest config
 decoded through the correction's biased attention: bias 0 on a top-k cache, the SNIS log-weights on
 a sampled one, the dtype's lowest value on padding (exp of it is exactly 0). The arithmetic is the
 same up to float rounding, so a greedy near-tie can flip; kvpress's ``generate_answer`` is the
-one-at-a-time reference. Presses that mask instead of evicting (AdaKV) decode alone.
+one-at-a-time reference. Presses that mask instead of evicting (AdaKV) decode in the batch with
+the lowest bias on their masked entries.
 
 Score teacher-forced (``teacher_forced``): one forward of a known continuation on a compressed
 cache, for the fidelity benchmark (logits, and optionally each layer's attention output).
@@ -167,12 +168,19 @@ class Compressed:
     bias: list[torch.Tensor | None]
 
     @classmethod
-    def take(cls, cache: DynamicCache, layers) -> Compressed | None:
-        """Detach ``cache`` and the modules' correction bias; None if the press masks keys (AdaKV)."""
-        if any(getattr(layer.self_attn, "masked_key_indices", None) is not None for layer in layers):
-            return None
-        return cls([c.keys for c in cache.layers], [c.values for c in cache.layers],
-                   [correction.bias_of(layer.self_attn) for layer in layers])
+    def take(cls, cache: DynamicCache, layers) -> Compressed:
+        """Detach ``cache`` and the modules' correction bias. A press that masks keys instead of
+        evicting them (kvpress's AdaKV: ``masked_key_indices``, whose fake keys give those entries
+        an attention weight of exactly 0) becomes the dtype's lowest bias on the masked entries."""
+        biases = []
+        for layer, cache_layer in zip(layers, cache.layers):
+            bias, masked = correction.bias_of(layer.self_attn), getattr(layer.self_attn, "masked_key_indices", None)
+            if masked is not None:
+                keys = cache_layer.keys  # (b, H_kv, n, d)
+                bias = torch.zeros(keys.shape[:3], dtype=keys.dtype, device=keys.device)
+                bias[masked[0], masked[1], masked[2]] = torch.finfo(keys.dtype).min
+            biases.append(bias)
+        return cls([c.keys for c in cache.layers], [c.values for c in cache.layers], biases)
 
 
 class RoomyLayer(DynamicLayer):

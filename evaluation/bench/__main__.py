@@ -36,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-OWN_PARSERS = {"fidelity": "evaluation.bench.fidelity", "shared-prefill": "evaluation.bench.shared_prefill"}
+OWN_PARSERS = {"fidelity": "evaluation.bench.fidelity", "shared-prefill": "evaluation.bench.shared_prefill",
+               "decompose": "evaluation.bench.decompose"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,217 @@
+"""Decomposition: walk from a kvpress top-k press to the full probabilistic press one change at a time.
+
+For each proposal family and ratio (docs/method.md, "Decomposition"):
+
+  (a) topk      kvpress's own top-k press;
+  (b) head      the same scores as a proposal, top-k with kvpress's count per head
+                (``sampler="topk", budget="head"``): must keep kvpress's set;
+  (c) layer     top-k under the paper's allocation with one scale per layer;
+      global    ... and with one scale for the model (the allocation);
+  (d) sampled   the paper's Poisson draws under the global budget, no correction (the sampler);
+  (e) corrected the same draws with the SNIS correction (the correction).
+
+Scores come from the runner (decoded answers, stored per (example, configuration) under the step's
+label, resumable and shardable). Needle survival needs no decoding: for each NIAH example and step,
+the fraction of (layer, KV head) pairs in which every token of a needle's value survived, per
+layer, read off the compressed cache (``survival.jsonl``). Tables and plots: ``decompose_report``.
+
+``python -m evaluation.bench decompose --out results/decompose/dev-1024 [--survival-only]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from kvpress import KVPressTextGenerationPipeline
+from tqdm.auto import tqdm
+
+from evaluation.engine import Prefill
+from evaluation.runner import Config, run
+from evaluation.store import ResultStore, shard, write_atomic
+from kvpress_prob import SamplingPress
+
+#: family -> (kvpress top-k press, probabilistic press with the same scores); None: no kvpress press
+FAMILIES = {
+    "tova": ("tova", "prob_tova"),
+    "knorm": ("knorm", "prob_knorm"),
+    "snapkv": ("snapkv", "prob_snapkv"),
+    "streaming_llm": ("streaming_llm", "prob_streaming_llm"),
+    "expected_attention": ("expected_attention", "prob_expected_attention"),
+    "h2o": ("h2o", "prob_h2o"),
+    "min_h": (None, "prob_min_h"),
+}
+STEPS = ("topk", "head", "layer", "global", "sampled", "corrected")
+DEV_TASKS = ["niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_2", "niah_multikey_3",
+             "niah_multivalue", "niah_multiquery", "fwe"]
+
+
+def step_configs(family: str, ratio: float, seeds: list[int]) -> dict[str, list[Config]]:
+    """The configurations of each step of one family at one ratio (sampled steps: one per seed)."""
+    topk, prob = FAMILIES[family]
+    steps = {
+        "head": [Config(prob, ratio, 0, (("sampler", "topk"), ("budget", "head")))],
+        "layer": [Config(prob, ratio, 0, (("sampler", "topk"), ("budget", "layer")))],
+        "global": [Config(prob, ratio, 0, (("sampler", "topk"),))],
+        "sampled": [Config(prob, ratio, s, (("correct", False),)) for s in seeds],
+        "corrected": [Config(prob, ratio, s) for s in seeds],
+    }
+    if topk is not None:
+        steps = {"topk": [Config(topk, ratio, 0)], **steps}
+    return steps
+
+
+def all_configs(families, ratios, seeds) -> list[tuple[str, str, Config]]:
+    """(family, step, configuration) for every family, ratio and step."""
+    return [(family, step, cfg) for family in families for ratio in ratios
+            for step, cfgs in step_configs(family, ratio, seeds).items() for cfg in cfgs]
+
+
+# ------------------------------------------------------------------------------ needle survival
+
+
+def needle_positions(tokenizer, context_ids: torch.Tensor, values: list[str]) -> list[list[int]]:
+    """For each needle value, the positions of the context tokens that spell it (every occurrence;
+    empty if the value is not in the context)."""
+    pieces = [tokenizer.decode([int(t)]) for t in context_ids[0]]
+    starts, text = [], ""
+    for piece in pieces:
+        starts.append(len(text))
+        text += piece
+    ends = [s + len(p) for s, p in zip(starts, pieces)]
+    found = []
+    for value in values:
+        positions, at = [], text.find(value)
+        while at >= 0:
+            positions += [i for i, (s, e) in enumerate(zip(starts, ends)) if s < at + len(value) and e > at]
+            at = text.find(value, at + 1)
+        found.append(sorted(set(positions)))
+    return found
+
+
+def _row_hash(x: torch.Tensor) -> torch.Tensor:
+    """An exact integer fingerprint of each row of x (..., d): equal rows, equal hashes (int64 sums
+    wrap deterministically whatever the order)."""
+    bits = x.contiguous().view(torch.int16).long()  # (..., 2d or d)
+    coeff = torch.arange(1, bits.shape[-1] + 1, dtype=torch.int64, device=x.device) * 2654435761 + 97
+    return (bits * coeff).sum(-1)
+
+
+@torch.no_grad()
+def kept_positions(prefill: Prefill, cache, press) -> torch.Tensor:
+    """(L, H_kv, n) bool: which prefix positions each head of each layer still holds."""
+    if isinstance(press, SamplingPress) and press.compression_ratio > 0:
+        return press.last_draw.keep[:, 0].cpu()
+    masks = []
+    for layer_idx, layer in enumerate(prefill.layers):
+        full = prefill.keys[layer_idx][0]  # (H, n, d)
+        h, n = full.shape[:2]
+        masked = getattr(layer.self_attn, "masked_key_indices", None)  # kvpress AdaKV: masks, keeps all
+        if masked is not None:
+            keep = torch.ones(h, n, dtype=torch.bool, device=full.device)
+            keep[masked[1], masked[2]] = False
+        else:
+            held = cache.layers[layer_idx].keys[0]  # (H, k, d)
+            full_hash, held_hash = _row_hash(full), _row_hash(held)
+            keep = (full_hash[:, :, None] == held_hash[:, None, :]).any(-1)  # (H, n)
+        masks.append(keep.cpu())
+    return torch.stack(masks)
+
+
+def survival(keep: torch.Tensor, needles: list[list[int]]) -> dict:
+    """Fraction of (layer, head) pairs in which every token of a needle survives, averaged over the
+    needles found, overall and per layer."""
+    found = [p for p in needles if p]
+    if not found:
+        return {"survival": None, "per_layer": None}
+    whole = torch.stack([keep[:, :, p].all(-1) for p in found]).double()  # (values, L, H)
+    return {"survival": float(whole.mean()), "per_layer": whole.mean((0, 2)).tolist()}
+
+
+def measure_survival(model, tokenizer, frame, configs, out: Path, shard_spec: str | None, log=print) -> int:
+    """Append one survival record per (NIAH example, configuration) to ``out/survival.jsonl``."""
+    path = out / ("survival.jsonl" if not shard_spec else f"survival-{shard_spec.replace('/', 'of')}.jsonl")
+    done = set()
+    if path.exists():
+        done = {(r["example_id"], r["press"], r["compression_ratio"], r["seed"])
+                for r in map(json.loads, path.read_text().splitlines())}
+    pipe = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer)
+    rows = [row for _, row in frame.iterrows() if row["task"].startswith("niah")]
+    written = 0
+    for row in shard(rows, shard_spec, key=lambda r: r["example_id"]):
+        todo = [(f, s, c) for f, s, c in configs
+                if (row["example_id"], c.label, c.compression_ratio, c.seed) not in done]
+        if not todo:
+            continue
+        inputs = pipe.preprocess(row["context"], [row["question"]], row["answer_prefix"], max_context_length=10**9)
+        context_ids = inputs["context_ids"].to(model.device)
+        needles = needle_positions(tokenizer, context_ids, list(row["answer"]))
+        prefill = Prefill(model, context_ids)
+        start = time.perf_counter()
+        with path.open("a") as f:
+            for family, step, cfg in todo:
+                press = cfg.build()
+                cache = prefill.compress(press)
+                record = {"example_id": row["example_id"], "task": row["task"], "family": family, "step": step,
+                          "press": cfg.label, "compression_ratio": cfg.compression_ratio, "seed": cfg.seed,
+                          "needle_tokens": sum(map(len, needles)),
+                          **survival(kept_positions(prefill, cache, press), needles)}
+                f.write(json.dumps(record) + "\n")
+                written += 1
+            f.flush()
+        log(f"[survival] {row['example_id']}: {len(todo)} configurations in {time.perf_counter() - start:.0f} s")
+    return written
+
+
+# ------------------------------------------------------------------------------ CLI
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m evaluation.bench decompose", description=__doc__,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--out", default="results/decompose/dev-1024", help="output folder")
+    p.add_argument("--model", default=None, help="HF id or local path (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--context-length", type=int, default=1024)
+    p.add_argument("--data-seed", type=int, default=0, help="RULER data seed (0: the development split)")
+    p.add_argument("--n-examples", type=int, default=8, help="examples, spread over --tasks")
+    p.add_argument("--tasks", nargs="+", default=DEV_TASKS)
+    p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
+    p.add_argument("--ratios", nargs="+", type=float, default=[0.1, 0.25, 0.5, 0.75])
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--shard", default=None, help="i/n: only shard i of n (by example)")
+    p.add_argument("--decode-batch", type=int, default=43)
+    p.add_argument("--survival-only", action="store_true", help="needle survival only (no decoding)")
+    p.add_argument("--scores-only", action="store_true", help="decoded scores only")
+    p.add_argument("--report", action="store_true", help="only write the report from what is in --out")
+    p.add_argument("--quick", action="store_true", help="2 examples, tova and knorm, r = 0.5, 2 seeds")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    from evaluation.bench import decompose_report
+    from evaluation.datasets.ruler import generate_ruler
+    from kvpress_prob.models import EMBEDDED_NAME, load_model
+
+    args = parser().parse_args(argv)
+    if args.quick:
+        args.n_examples, args.families, args.ratios, args.seeds = 2, ["tova", "knorm"], [0.5], [0, 1]
+        args.tasks = ["niah_single_1", "niah_multikey_2"]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not args.report:
+        write_atomic(out / "settings.json", json.dumps(vars(args), indent=2))
+        model, tokenizer = load_model(args.model)
+        frame = generate_ruler(tokenizer, args.context_length, args.n_examples, args.data_seed, args.tasks)
+        configs = all_configs(args.families, args.ratios, args.seeds)
+        if not args.scores_only:
+            measure_survival(model, tokenizer, frame, configs, out, args.shard)
+        if not args.survival_only:
+            unique = list(dict.fromkeys(cfg for _, _, cfg in configs))
+            name = "results.jsonl" if not args.shard else f"shard-{args.shard.replace('/', 'of')}.jsonl"
+            run(model, tokenizer, frame, [Config("full", 0.0, 0), *unique], ResultStore(out / name),
+                model_name=args.model or EMBEDDED_NAME, dataset="ruler", data_dir=str(args.context_length),
+                shard_spec=args.shard, decode_batch=args.decode_batch)
+    decompose_report.write(out, args.families, args.ratios, args.seeds)
