@@ -48,8 +48,11 @@ def renormalise(pi: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
 
 
 def top_by_rank(pi: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-    """Mask of the ``count`` (...,) entries with the largest pi (..., n) per head; ties go to the
-    earlier position."""
+    """Mask of the ``count`` (...,) entries with the largest pi (..., n) per head. Ties are broken
+    as ``torch.topk`` breaks them (as kvpress's presses do) when every head keeps the same count."""
+    k = int(count.max()) if count.numel() else 0
+    if count.numel() and bool((count == k).all()) and 0 < k <= pi.shape[-1]:
+        return torch.zeros_like(pi, dtype=torch.bool).scatter_(-1, pi.topk(k, dim=-1).indices, True)
     order = pi.argsort(dim=-1, descending=True, stable=True)
     rank = torch.empty_like(order).scatter_(-1, order, torch.arange(pi.shape[-1], device=pi.device).expand_as(order))
     return rank < count[..., None]
