@@ -118,6 +118,11 @@ class Prefill:
             self._eager = ([c.keys for c in cache.layers], [c.values for c in cache.layers], inputs, scores)
         return self._eager
 
+    def source_keys(self, press: BasePress | None) -> list[torch.Tensor]:
+        """Each layer's full keys (b, H_kv, n, d) that ``press`` compresses from: the eager
+        prefill's for H2O (its keys differ from sdpa's in the last bits), else the sdpa prefill's."""
+        return self._eager_prefill()[0] if isinstance(press, ObservedAttentionPress) else self.keys
+
     @torch.no_grad()
     def proposals_of(self, press: SamplingPress) -> dict[torch.nn.Module, torch.Tensor]:
         """Each attention module's proposal (b, H_kv, n) for ``press``, computed once per example and

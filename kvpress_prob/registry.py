@@ -33,6 +33,7 @@ from kvpress import (
 from kvpress_prob.press import SamplingPress
 from kvpress_prob.proposals import H2OProposal, MinVarianceProposal, ScoreProposal
 from kvpress_prob.samplers import PoissonSampler, Sampler, TopKSampler
+from kvpress_prob.samplers.block import BlockSampler
 from kvpress_prob.samplers.priority import PrioritySampler
 from kvpress_prob.samplers.threshold import ThresholdSampler
 
@@ -79,6 +80,7 @@ SAMPLERS: dict[str, Callable[[], Sampler]] = {
     "topk": TopKSampler,
     "threshold": ThresholdSampler,
     "priority": PrioritySampler,
+    "block": BlockSampler,
 }
 
 BASELINES: dict[str, Callable[[float], BasePress]] = {
@@ -149,6 +151,12 @@ _DESIGNS: dict[str, Callable[[float], SamplingPress]] = {
     "prob_knorm_priority": _sampling(_knorm, PrioritySampler),
     "prob_min_h_threshold": _sampling(lambda: MinVarianceProposal(harmonic=True), ThresholdSampler),
     "prob_min_h_priority": _sampling(lambda: MinVarianceProposal(harmonic=True), PrioritySampler),
+    # block (cluster) designs: neighbouring positions kept or evicted together
+    "prob_tova_block8": _sampling(_tova, lambda: BlockSampler(size=8)),
+    "prob_tova_block16": _sampling(_tova, lambda: BlockSampler(size=16)),
+    "prob_tova_block8_priority": _sampling(_tova, lambda: BlockSampler(size=8, inner=PrioritySampler()), budget="head"),
+    "prob_knorm_block8": _sampling(_knorm, lambda: BlockSampler(size=8)),
+    "prob_min_h_block8": _sampling(lambda: MinVarianceProposal(harmonic=True), lambda: BlockSampler(size=8)),
 }
 
 PRESSES: dict[str, Callable[[float], BasePress]] = {
@@ -156,6 +164,10 @@ PRESSES: dict[str, Callable[[float], BasePress]] = {
     **STRONGER,
     "adakv_snapkv": lambda r: AdaKVPress(press=SnapKVPress(compression_ratio=r)),
     "topk_min_h": _sampling(lambda: MinVarianceProposal(harmonic=True), TopKSampler),
+    # the deterministic twins of the block designs: top-k over blocks, kvpress's count per head
+    "topk_tova_block8": _sampling(_tova, lambda: BlockSampler(size=8, inner=TopKSampler()), budget="head"),
+    "topk_tova_block16": _sampling(_tova, lambda: BlockSampler(size=16, inner=TopKSampler()), budget="head"),
+    "topk_knorm_block8": _sampling(_knorm, lambda: BlockSampler(size=8, inner=TopKSampler()), budget="head"),
     **_PROB,
     **_DESIGNS,
     **{f"{name}_nocorr": _uncorrected(factory) for name, factory in _PROB.items()},

@@ -204,8 +204,11 @@ def test_weights_are_unbiased_for_one():
 from kvpress_prob.samplers.priority import PrioritySampler  # noqa: E402
 from kvpress_prob.samplers.threshold import ThresholdSampler  # noqa: E402
 
+from kvpress_prob.samplers.block import BlockSampler  # noqa: E402
+
 DESIGNS = [PoissonSampler(), PoissonSampler(inclusion_weights=True), ThresholdSampler(), PrioritySampler(),
-           ThresholdSampler(min_keep=0.9), PrioritySampler(min_keep=0.9)]
+           ThresholdSampler(min_keep=0.9), PrioritySampler(min_keep=0.9), BlockSampler(size=3),
+           BlockSampler(size=4, inner=PrioritySampler()), BlockSampler(size=5, inner=PoissonSampler())]
 
 
 def weighted_totals(sampler, pi, y, reps, ratio=0.6, seed=0):
@@ -272,3 +275,20 @@ def test_same_seed_same_kept_set_for_every_design():
     for sampler in DESIGNS:
         a, b = (sampler(pi, 0.5, "global", torch.Generator().manual_seed(9)) for _ in range(2))
         assert torch.equal(a.keep, b.keep) and torch.equal(a.log_weight, b.log_weight)
+
+
+def test_block_sampler_keeps_whole_blocks_with_one_weight():
+    pi = heads(L=2, H=2, n=100)  # 100 = 12 blocks of 8 and one of 4
+    for inner in (ThresholdSampler(), PrioritySampler(), TopKSampler()):
+        result = BlockSampler(size=8, inner=inner)(pi, 0.5, "global", torch.Generator().manual_seed(2))
+        assert result.keep.shape == pi.shape
+        tail = result.keep[..., 96:]
+        assert (tail.all(-1) | ~tail.any(-1)).all()  # the short last block too
+        keep = result.keep[..., :96].reshape(2, 1, 2, 12, 8)
+        assert (keep.all(-1) | ~keep.any(-1)).all(), type(inner).__name__  # all or nothing per block
+        w = result.log_weight[..., :96].reshape(2, 1, 2, 12, 8)
+        kept_blocks = keep.all(-1)
+        assert (w[kept_blocks][:, :1] == w[kept_blocks]).all()  # one weight per block
+    assert not BlockSampler(inner=TopKSampler()).random and BlockSampler().random
+    with pytest.raises(ValueError, match="size"):
+        BlockSampler(size=0)

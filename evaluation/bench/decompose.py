@@ -105,9 +105,9 @@ def kept_positions(prefill: Prefill, cache, press) -> torch.Tensor:
     """(L, H_kv, n) bool: which prefix positions each head of each layer still holds."""
     if isinstance(press, SamplingPress) and press.compression_ratio > 0:
         return press.last_draw.keep[:, 0].cpu()
-    masks = []
+    masks, source = [], prefill.source_keys(press)
     for layer_idx, layer in enumerate(prefill.layers):
-        full = prefill.keys[layer_idx][0]  # (H, n, d)
+        full = source[layer_idx][0]  # (H, n, d)
         h, n = full.shape[:2]
         masked = getattr(layer.self_attn, "masked_key_indices", None)  # kvpress AdaKV: masks, keeps all
         if masked is not None:

@@ -34,7 +34,7 @@ class Sampler:
     """
 
     #: whether the kept set depends on the seed (False for deterministic designs such as top-k)
-    random = True
+    random: bool = field(default=True, init=False, repr=False)
 
     def __call__(self, pi: torch.Tensor, compression_ratio: float, scope: str, generator: torch.Generator) -> Draw:
         raise NotImplementedError

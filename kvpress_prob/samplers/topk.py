@@ -22,7 +22,8 @@ class TopKSampler(Sampler):
     "Decomposition"). No parameters.
     """
 
-    random = False
+    def __post_init__(self):
+        self.random = False
 
     def __call__(self, pi, compression_ratio, scope, generator) -> Draw:
         check_ratio(compression_ratio)
