@@ -110,6 +110,14 @@ def _tova():
 def _knorm():
     return ScoreProposal(scorer=KnormPress())
 
+
+def _keydiff():
+    return ScoreProposal(scorer=KeyDiffPress())
+
+
+def _expected_attention():
+    return ScoreProposal(scorer=ExpectedAttentionPress(epsilon=1e-2))
+
 _PROB: dict[str, Callable[[float], SamplingPress]] = {
     "prob_streaming_llm": _sampling(lambda: ScoreProposal(scorer=StreamingLLMPress())),
     "prob_snapkv": _sampling(lambda: ScoreProposal(scorer=SnapKVPress())),
@@ -132,8 +140,8 @@ _PROB: dict[str, Callable[[float], SamplingPress]] = {
 #: Proposals and sampling designs beyond the paper (their uncorrected ablation is ``correct=False``).
 _DESIGNS: dict[str, Callable[[float], SamplingPress]] = {
     # proposals the paper lacks
-    "prob_expected_attention": _sampling(lambda: ScoreProposal(scorer=ExpectedAttentionPress(epsilon=1e-2))),
-    "prob_keydiff": _sampling(lambda: ScoreProposal(scorer=KeyDiffPress())),
+    "prob_expected_attention": _sampling(_expected_attention),
+    "prob_keydiff": _sampling(_keydiff),
     "prob_lagkv": _sampling(lambda: ScoreProposal(scorer=LagKVPress())),
     "prob_min_shared": _sampling(lambda: MinVarianceProposal(harmonic=False, head_shared=True)),
     "prob_min_h_w64": _sampling(lambda: MinVarianceProposal(harmonic=True, query_window=64)),
@@ -157,6 +165,10 @@ _DESIGNS: dict[str, Callable[[float], SamplingPress]] = {
     "prob_tova_block8_priority": _sampling(_tova, lambda: BlockSampler(size=8, inner=PrioritySampler()), budget="head"),
     "prob_knorm_block8": _sampling(_knorm, lambda: BlockSampler(size=8)),
     "prob_min_h_block8": _sampling(lambda: MinVarianceProposal(harmonic=True), lambda: BlockSampler(size=8)),
+    "prob_keydiff_threshold": _sampling(_keydiff, ThresholdSampler),
+    "prob_keydiff_block8": _sampling(_keydiff, lambda: BlockSampler(size=8)),
+    "prob_expected_attention_threshold": _sampling(_expected_attention, ThresholdSampler),
+    "prob_expected_attention_block8": _sampling(_expected_attention, lambda: BlockSampler(size=8)),
 }
 
 PRESSES: dict[str, Callable[[float], BasePress]] = {
@@ -168,6 +180,7 @@ PRESSES: dict[str, Callable[[float], BasePress]] = {
     "topk_tova_block8": _sampling(_tova, lambda: BlockSampler(size=8, inner=TopKSampler()), budget="head"),
     "topk_tova_block16": _sampling(_tova, lambda: BlockSampler(size=16, inner=TopKSampler()), budget="head"),
     "topk_knorm_block8": _sampling(_knorm, lambda: BlockSampler(size=8, inner=TopKSampler()), budget="head"),
+    "topk_keydiff_block8": _sampling(_keydiff, lambda: BlockSampler(size=8, inner=TopKSampler()), budget="head"),
     **_PROB,
     **_DESIGNS,
     **{f"{name}_nocorr": _uncorrected(factory) for name, factory in _PROB.items()},
