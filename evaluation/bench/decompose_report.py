@@ -19,6 +19,7 @@ import pandas as pd  # noqa: E402
 from scipy import stats  # noqa: E402
 
 from evaluation.bench.decompose import STEPS, all_configs  # noqa: E402
+from evaluation.report import markdown_table  # noqa: E402
 from evaluation.store import load_results, write_atomic  # noqa: E402
 
 
@@ -38,6 +39,16 @@ def cell(mean, low, high, n=None) -> str:
     if np.isnan(mean):
         return "–"
     return f"{mean:+.1f} [{low:+.1f}, {high:+.1f}]" if low != high else f"{mean:+.1f}"
+
+
+def md(table: pd.DataFrame, float_format: str = "{:.2f}") -> str:
+    """A markdown table of a frame whose index may have several levels (joined by " / ")."""
+    flat = table.copy()
+    if isinstance(flat.index, pd.MultiIndex):
+        flat.index = [" / ".join(map(str, key)) for key in flat.index]
+        flat.index.name = " / ".join(map(str, table.index.names))
+    flat.columns = [str(c) for c in flat.columns]
+    return markdown_table(flat, float_format=float_format)
 
 
 def step_frame(out: Path, families, ratios, seeds) -> pd.DataFrame:
@@ -94,17 +105,17 @@ def markdown(out: Path, families, ratios, seeds) -> str:
         lines += [f"## Scores (mean over {n_ex} examples; sampled steps averaged over seeds {seeds} first)", ""]
         table = frame.pivot_table(index=["family", "compression_ratio"], columns="step", values="score", aggfunc="mean")
         table = table[[s for s in STEPS if s in table]]
-        lines += [table.round(1).to_markdown(), ""]
+        lines += [md(table, "{:.1f}"), ""]
         changes = paired_changes(frame)
         changes["interval"] = [cell(m, lo, hi) for m, lo, hi in zip(changes["mean"], changes["low"], changes["high"])]
         wide = changes.pivot_table(index=["family", "change"], columns="ratio", values="interval", aggfunc="first")
         order = {c: i for i, c in enumerate(dict.fromkeys(changes["change"]))}
         wide = wide.sort_index(key=lambda idx: idx.map(order) if idx.name == "change" else idx)
         lines += ["## Paired change of each step (points, 95 % t-interval over examples)", "",
-                  wide.to_markdown(), ""]
+                  md(wide), ""]
         per_task = frame.pivot_table(index=["family", "compression_ratio", "task"], columns="step", values="score")
         per_task = per_task[[s for s in STEPS if s in per_task]]
-        lines += ["## Per task", "", per_task.round(1).to_markdown(), ""]
+        lines += ["## Per task", "", md(per_task, "{:.1f}"), ""]
         write_atomic(out / "changes.csv", changes.to_csv(index=False))
     surv = survival_frame(out)
     if not surv.empty:
@@ -113,7 +124,7 @@ def markdown(out: Path, families, ratios, seeds) -> str:
         table = table[[s for s in STEPS if s in table]]
         lines += [f"## Needle survival: fraction of (layer, KV head) pairs holding every token of a needle "
                   f"({surv['example_id'].nunique()} NIAH examples, sampled steps over seeds)", "",
-                  (100 * table).round(1).to_markdown(), ""]
+                  md(100 * table, "{:.1f}"), ""]
     return "\n".join(lines)
 
 
