@@ -33,6 +33,7 @@ from evaluation.engine import Prefill
 from evaluation.runner import Config, run
 from evaluation.store import ResultStore, shard, write_atomic
 from kvpress_prob import SamplingPress
+from kvpress_prob.registry import is_sampling
 
 #: family -> (kvpress top-k press, probabilistic press with the same scores); None: no kvpress press
 FAMILIES = {
@@ -64,10 +65,14 @@ def step_configs(family: str, ratio: float, seeds: list[int]) -> dict[str, list[
     return steps
 
 
-def all_configs(families, ratios, seeds) -> list[tuple[str, str, Config]]:
-    """(family, step, configuration) for every family, ratio and step."""
-    return [(family, step, cfg) for family in families for ratio in ratios
-            for step, cfgs in step_configs(family, ratio, seeds).items() for cfg in cfgs]
+def all_configs(families, ratios, seeds, extra=()) -> list[tuple[str, str, Config]]:
+    """(family, step, configuration) for every family, ratio and step; each ``extra`` registry
+    press (another design, measured alongside) is a family "design" whose step is its name."""
+    steps = [(family, step, cfg) for family in families for ratio in ratios
+             for step, cfgs in step_configs(family, ratio, seeds).items() for cfg in cfgs]
+    designs = [("design", name, Config(name, ratio, seed)) for name in extra for ratio in ratios
+               for seed in (seeds if is_sampling(name) else seeds[:1])]
+    return steps + designs
 
 
 # ------------------------------------------------------------------------------ needle survival
@@ -179,6 +184,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--n-examples", type=int, default=8, help="examples, spread over --tasks")
     p.add_argument("--tasks", nargs="+", default=DEV_TASKS)
     p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
+    p.add_argument("--extra", nargs="*", default=[], help="other registry presses measured alongside the steps")
     p.add_argument("--ratios", nargs="+", type=float, default=[0.1, 0.25, 0.5, 0.75])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--shard", default=None, help="i/n: only shard i of n (by example)")
@@ -205,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
         write_atomic(out / "settings.json", json.dumps(vars(args), indent=2))
         model, tokenizer = load_model(args.model)
         frame = generate_ruler(tokenizer, args.context_length, args.n_examples, args.data_seed, args.tasks)
-        configs = all_configs(args.families, args.ratios, args.seeds)
+        configs = all_configs(args.families, args.ratios, args.seeds, args.extra)
         if not args.scores_only:
             measure_survival(model, tokenizer, frame, configs, out, args.shard)
         if not args.survival_only:
@@ -214,4 +220,4 @@ def main(argv: list[str] | None = None) -> None:
             run(model, tokenizer, frame, [Config("full", 0.0, 0), *unique], ResultStore(out / name),
                 model_name=args.model or EMBEDDED_NAME, dataset="ruler", data_dir=str(args.context_length),
                 shard_spec=args.shard, decode_batch=args.decode_batch)
-    decompose_report.write(out, args.families, args.ratios, args.seeds)
+    decompose_report.write(out, args.families, args.ratios, args.seeds, args.extra)

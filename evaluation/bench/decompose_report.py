@@ -51,14 +51,14 @@ def md(table: pd.DataFrame, float_format: str = "{:.2f}") -> str:
     return markdown_table(flat, float_format=float_format)
 
 
-def step_frame(out: Path, families, ratios, seeds) -> pd.DataFrame:
+def step_frame(out: Path, families, ratios, seeds, extra=()) -> pd.DataFrame:
     """One row per (family, step, ratio, example): the score averaged over seeds."""
     paths = sorted(out.glob("results.jsonl")) + sorted(out.glob("shard-*.jsonl"))
     if not paths:
         return pd.DataFrame()
     results = load_results(*paths)
     labels = {(cfg.label, round(cfg.compression_ratio, 6)): (family, step)
-              for family, step, cfg in all_configs(families, ratios, seeds)}
+              for family, step, cfg in all_configs(families, ratios, seeds, extra)}
     results["key"] = list(zip(results["press"], results["compression_ratio"].round(6)))
     rows = results[results["key"].isin(labels)].copy()
     rows[["family", "step"]] = pd.DataFrame(rows["key"].map(labels).tolist(), index=rows.index)
@@ -91,7 +91,7 @@ def survival_frame(out: Path) -> pd.DataFrame:
     return frame.drop_duplicates(["example_id", "press", "compression_ratio", "seed"], keep="last")
 
 
-def markdown(out: Path, families, ratios, seeds) -> str:
+def markdown(out: Path, families, ratios, seeds, extra=()) -> str:
     settings = json.loads((out / "settings.json").read_text()) if (out / "settings.json").exists() else {}
     split = "development" if settings.get("data_seed", 0) == 0 else "test"
     lines = [f"# Decomposition: top-k → probabilistic, one change at a time ({split} split)", "",
@@ -99,7 +99,9 @@ def markdown(out: Path, families, ratios, seeds) -> str:
              "", "Steps: topk = kvpress's press; head = same scores as a proposal, top-k per head; "
              "layer / global = top-k under the paper's allocation; sampled = Poisson draws, no correction; "
              "corrected = with SNIS (the paper's press).", ""]
-    frame = step_frame(out, families, ratios, seeds)
+    frame = step_frame(out, families, ratios, seeds, extra)
+    designs = frame[frame["family"] == "design"] if not frame.empty else frame
+    frame = frame[frame["family"] != "design"] if not frame.empty else frame
     if not frame.empty:
         n_ex = frame["example_id"].nunique()
         lines += [f"## Scores (mean over {n_ex} examples; sampled steps averaged over seeds {seeds} first)", ""]
@@ -117,9 +119,19 @@ def markdown(out: Path, families, ratios, seeds) -> str:
         per_task = per_task[[s for s in STEPS if s in per_task]]
         lines += ["## Per task", "", md(per_task, "{:.1f}"), ""]
         write_atomic(out / "changes.csv", changes.to_csv(index=False))
+    if not designs.empty:
+        table = designs.pivot_table(index="step", columns="compression_ratio", values="score", aggfunc="mean")
+        table.index.name = "other design"
+        lines += ["## Other designs on the same examples (mean score)", "", md(table, "{:.1f}"), ""]
     surv = survival_frame(out)
     if not surv.empty:
         surv = surv.dropna(subset=["survival"])
+        other = surv[surv["family"] == "design"]
+        surv = surv[surv["family"] != "design"]
+        if not other.empty:
+            table = other.pivot_table(index="step", columns="compression_ratio", values="survival", aggfunc="mean")
+            table.index.name = "other design"
+            lines += ["## Needle survival of other designs (%)", "", md(100 * table, "{:.1f}"), ""]
         table = surv.pivot_table(index=["family", "compression_ratio"], columns="step", values="survival", aggfunc="mean")
         table = table[[s for s in STEPS if s in table]]
         lines += [f"## Needle survival: fraction of (layer, KV head) pairs holding every token of a needle "
@@ -133,6 +145,7 @@ def plot_survival(out: Path) -> Path | None:
     if surv.empty:
         return None
     surv = surv.dropna(subset=["per_layer"])
+    surv = surv[surv["family"] != "design"]
     ratios = sorted(surv["compression_ratio"].unique())
     families = list(dict.fromkeys(surv["family"]))
     fig, axes = plt.subplots(len(families), len(ratios), figsize=(3.2 * len(ratios), 2.4 * len(families)),
@@ -159,8 +172,8 @@ def plot_survival(out: Path) -> Path | None:
     return path
 
 
-def write(out: Path, families, ratios, seeds) -> Path:
-    text = markdown(out, families, ratios, seeds)
+def write(out: Path, families, ratios, seeds, extra=()) -> Path:
+    text = markdown(out, families, ratios, seeds, extra)
     plot = plot_survival(out)
     if plot is not None:
         text += f"\n![needle survival per layer]({plot.name})\n"
