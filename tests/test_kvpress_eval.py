@@ -1,0 +1,132 @@
+"""Our presses in kvpress's evaluation registry: the format evaluate.py reads, and its way of using it.
+
+kvpress's ``evaluation/evaluate_registry.py`` defines ``PRESS_REGISTRY = {name: press instance or
+None}``; ``evaluate.py`` checks ``press_name in PRESS_REGISTRY``, then (outside its special cases
+DuoAttention / DMS / Composed / ThinK / Decoding) sets ``press.compression_ratio`` on the instance
+and runs the "kv-press-text-generation" pipeline with it, saving ``str(press)`` in its config.
+"""
+
+import json
+import sys
+
+import pytest
+import torch
+from kvpress import (
+    BasePress,
+    ComposedPress,
+    DecodingPress,
+    DMSPress,
+    DuoAttentionPress,
+    KnormPress,
+    KVPressTextGenerationPipeline,
+    SnapKVPress,
+    ThinKPress,
+)
+
+from kvpress_prob.kvpress_eval import main, press_instances, register
+from kvpress_prob.press import SamplingPress
+from kvpress_prob.registry import PRESSES
+from tests.conftest import tiny_model
+
+SPECIAL_CASES = (DuoAttentionPress, DMSPress, ComposedPress, ThinKPress, DecodingPress)
+
+
+def kvpress_like_registry() -> dict:
+    """A few entries in the shape of kvpress's PRESS_REGISTRY."""
+    return {"snapkv": SnapKVPress(), "knorm": KnormPress(), "no_press": None}
+
+
+def evaluate_setup_press(registry: dict, press_name: str, compression_ratio: float) -> BasePress:
+    """What evaluate.py's ``_setup_press`` does for a press outside its special cases."""
+    assert press_name in registry, f"Press '{press_name}' not found in PRESS_REGISTRY"
+    press = registry[press_name]
+    assert not isinstance(press, SPECIAL_CASES)
+    assert hasattr(press, "compression_ratio")
+    press.compression_ratio = compression_ratio
+    str(press)  # saved as press_init_command
+    return press
+
+
+def test_register_adds_every_missing_name_and_keeps_kvpress_entries():
+    registry = kvpress_like_registry()
+    before = dict(registry)
+    added = register(registry)
+    assert set(added) == set(PRESSES) - set(before)
+    assert all(registry[name] is press for name, press in before.items())  # kvpress's own left alone
+    for name in added:
+        press = registry[name]
+        assert isinstance(press, BasePress) and not isinstance(press, SPECIAL_CASES), name
+        assert press.compression_ratio == 0.0, name
+        assert "compression_ratio" in str(press), name
+    assert register(registry) == []  # idempotent
+
+
+def test_register_refuses_silent_clashes_and_bad_input():
+    registry = kvpress_like_registry()
+    with pytest.raises(ValueError, match="already has \\['snapkv'\\].*overwrite=True"):
+        register(registry, ["snapkv", "prob_snapkv"])
+    assert "prob_snapkv" not in registry  # nothing half-added
+    assert register(registry, ["snapkv"], overwrite=True) == ["snapkv"]
+    assert isinstance(registry["snapkv"], SnapKVPress)
+    assert register(registry, ["snapkv", "prob_min"], prefix="kvprob_") == ["kvprob_snapkv", "kvprob_prob_min"]
+    with pytest.raises(ValueError, match="unknown press.*valid names"):
+        register(registry, ["prob_magic"])
+    with pytest.raises(ValueError, match="no selected press has the field.*tempreature"):
+        register({}, ["prob_min"], tempreature=2.0)
+    with pytest.raises(TypeError, match="PRESS_REGISTRY"):
+        register([("a", None)])
+
+
+def test_overrides_reach_only_presses_with_the_field():
+    presses = press_instances(["snapkv", "prob_min_h"], seed=7, budget="layer", chunk_size=256)
+    assert presses["prob_min_h"].seed == 7 and presses["prob_min_h"].budget == "layer"
+    assert presses["prob_min_h"].proposal.chunk_size == 256  # a proposal field, routed by get_press
+    assert isinstance(presses["snapkv"], SnapKVPress)
+
+
+def test_evaluate_py_sets_the_ratio_and_the_press_compresses(tokenizer):
+    """The registered instance, with its ratio set the way evaluate.py sets it, evicts at that ratio
+    in kvpress's pipeline."""
+    registry = kvpress_like_registry()
+    register(registry)
+    press = evaluate_setup_press(registry, "prob_min_h", 0.5)
+    assert isinstance(press, SamplingPress)
+    model = tiny_model("llama")
+    pipe = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer)
+    context = " ".join(f"item {i} is {i * 7 % 13}." for i in range(60))
+    with torch.no_grad():
+        pipe(context, question="What is item 3?", press=press, max_new_tokens=3)
+    assert press.stats["target_ratio"] == 0.5
+    assert abs(press.stats["realised_ratio"] - 0.5) < 0.1
+
+
+def test_launcher_registers_then_runs_evaluate(tmp_path, monkeypatch):
+    """``python -m kvpress_prob.kvpress_eval ARGS`` from an evaluation/ folder: evaluate.py finds our name."""
+    (tmp_path / "evaluate_registry.py").write_text(
+        "from kvpress import SnapKVPress\nPRESS_REGISTRY = {'snapkv': SnapKVPress(), 'no_press': None}\n")
+    (tmp_path / "evaluate.py").write_text(
+        "import json\nfrom evaluate_registry import PRESS_REGISTRY\n"
+        "class CliEntryPoint:\n"
+        "    def __call__(self, press_name='knorm', compression_ratio=1.0, out='out.json'):\n"
+        "        assert press_name in PRESS_REGISTRY, press_name\n"
+        "        press = PRESS_REGISTRY[press_name]\n"
+        "        press.compression_ratio = compression_ratio\n"
+        "        json.dump({'type': type(press).__name__, 'ratio': press.compression_ratio}, open(out, 'w'))\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    for module in ("evaluate", "evaluate_registry"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    try:
+        main(["--press_name", "prob_min_h", "--compression_ratio", "0.25", "--out", str(tmp_path / "r.json")])
+    finally:
+        for module in ("evaluate", "evaluate_registry"):
+            sys.modules.pop(module, None)
+    assert json.loads((tmp_path / "r.json").read_text()) == {"type": "SamplingPress", "ratio": 0.25}
+
+
+def test_launcher_outside_an_evaluation_folder_says_where_to_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "evaluate_registry", raising=False)
+    with pytest.raises(SystemExit, match="kvpress's evaluation/ folder"):
+        main([])

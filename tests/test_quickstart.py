@@ -1,0 +1,51 @@
+"""The README's quickstart, run as written: its first ```python block, on the embedded model."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def first_python_block(text: str) -> str:
+    match = re.search(r"^```python\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE)
+    if match is None:
+        raise AssertionError("README.md has no ```python block")
+    return match.group(1)
+
+
+def embedded_model_missing() -> str | None:
+    from evaluation.assets import MissingAssetError, require_embedded_model
+
+    try:
+        require_embedded_model()
+    except MissingAssetError as error:
+        return str(error)
+    return None
+
+
+def test_the_block_is_found_and_self_contained():
+    code = first_python_block(README.read_text(encoding="utf-8"))
+    compile(code, "README.md", "exec")
+    for name in ("context", "question", "inputs"):  # defined before use, not left to the reader
+        assert re.search(rf"^{name}\b.*=", code, flags=re.MULTILINE), name
+    assert ".to(model.device)" in code
+
+
+@pytest.mark.skipif(embedded_model_missing() is not None, reason=f"{embedded_model_missing()}")
+def test_quickstart_runs_as_written(capsys):
+    import torch
+
+    code = first_python_block(README.read_text(encoding="utf-8"))
+    namespace: dict = {"__name__": "readme_quickstart"}
+    with torch.no_grad():
+        exec(compile(code, "README.md (quickstart)", "exec"), namespace)
+    tokenizer, press = namespace["tokenizer"], namespace["press"]
+    assert len(tokenizer(namespace["context"])["input_ids"]) < 1200  # a short context keeps this test fast
+    assert isinstance(namespace["answer"], str) and namespace["answer"].strip()
+    assert abs(press.stats["realised_ratio"] - 0.5) < 0.05  # the press really compressed
+    out = namespace["out"]
+    assert out.shape[1] > namespace["inputs"]["input_ids"].shape[1]  # generate produced tokens after the prompt
+    printed = capsys.readouterr().out
+    assert namespace["answer"].strip() in printed
