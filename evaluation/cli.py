@@ -74,11 +74,31 @@ def cmd_generate(args) -> None:
 
 
 def _data_dir(args) -> str:
-    """The records' data_dir: the RULER length, with the data seed when it is not 0, so that the
-    development (seed 0) and test (seed 1) splits never share record keys ("1024", "1024-seed1")."""
-    if not args.dataset.startswith("ruler"):
-        return "lt3000"
-    return f"{args.context_length}" + (f"-seed{args.data_seed}" if args.data_seed else "")
+    """The records' data_dir: the RULER context length (LongBench: "lt3000")."""
+    return str(args.context_length) if args.dataset.startswith("ruler") else "lt3000"
+
+
+DATA_SEED_FILE = "data_seed.json"
+
+
+def _check_data_seed(out: Path, data_seed: int) -> None:
+    """One results folder holds one RULER data seed (one split: docs/protocol.md, "Splits").
+
+    Records are keyed without the data seed, so a test-split run (seed 1) resumed in a
+    development folder (seed 0) would skip every example as done. The first run writes the seed
+    to ``<out>/data_seed.json``; a later run with another seed stops with an error. A folder
+    without the file (written before it existed) is taken to hold the seed it is run with.
+    """
+    import json
+
+    path = out / DATA_SEED_FILE
+    if path.exists():
+        recorded = json.loads(path.read_text())["data_seed"]
+        if recorded != data_seed:
+            sys.exit(f"--data-seed {data_seed}, but {out} holds results of data seed {recorded} ({path}); "
+                     f"run each data seed (split) into its own --out folder")
+    else:
+        path.write_text(json.dumps({"data_seed": data_seed}) + "\n")
 
 
 def cmd_run(args) -> Path:
@@ -90,6 +110,8 @@ def cmd_run(args) -> Path:
         sys.exit(f"unknown press(es) {unknown}; valid: {', '.join(sorted(PRESSES))}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.dataset == "ruler":
+        _check_data_seed(out, args.data_seed)
     configs = configurations(args.presses, args.ratios, args.seeds)
     model, tokenizer = _load(args)
     df = _frame(args, tokenizer)
@@ -130,10 +152,10 @@ def cmd_report(args) -> dict:
 
 
 def _clear_results(out: Path) -> None:
-    """Remove a results folder's records and report (only those), so that a run computes afresh."""
+    """Remove a results folder's records, data seed and report (only those), so that a run computes afresh."""
     import shutil
 
-    for path in [*out.glob("results.jsonl"), *out.glob("shard-*.jsonl")]:
+    for path in [*out.glob("results.jsonl"), *out.glob("shard-*.jsonl"), *out.glob(DATA_SEED_FILE)]:
         path.unlink()
     if (out / "report").is_dir():
         shutil.rmtree(out / "report")

@@ -106,7 +106,8 @@ def test_generate_without_the_model_wheel_says_how_to_install_it(tmp_path, monke
 
 
 def test_fresh_removes_only_records_and_report(tmp_path):
-    for name in ("results.jsonl", "shard-1of2.jsonl", "notes.txt", "report/summary.md", "report/plots/a.png"):
+    for name in ("results.jsonl", "shard-1of2.jsonl", "data_seed.json", "notes.txt", "report/summary.md",
+                 "report/plots/a.png"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("x")
     cli._clear_results(tmp_path)
@@ -149,9 +150,11 @@ def test_comparison_puts_two_runs_side_by_side(tmp_path):
         results_files(tmp_path / "empty")
 
 
-def test_records_of_the_test_split_carry_their_data_seed():
-    ns = lambda **kw: argparse.Namespace(**{"dataset": "ruler", "context_length": 1024, "data_seed": 0, **kw})
-    assert cli._data_dir(ns()) == "1024"  # the development split keeps the committed runs' keys
-    assert cli._data_dir(ns(data_seed=1)) == "1024-seed1"
-    assert cli._data_dir(ns(context_length=2048, data_seed=1)) == "2048-seed1"
-    assert cli._data_dir(ns(dataset="longbench")) == "lt3000"
+def test_a_results_folder_holds_one_data_seed(tmp_path, capsys):
+    cli._check_data_seed(tmp_path, 1)  # first run: the seed is written down
+    cli._check_data_seed(tmp_path, 1)  # resuming the same split is fine
+    with pytest.raises(SystemExit, match="--data-seed 0, but .* holds results of data seed 1"):
+        cli._check_data_seed(tmp_path, 0)
+    with pytest.raises(SystemExit, match="data seed 1"):  # through the command line, before any model is loaded
+        cli.main(["run", "--presses", "snapkv", "--data-seed", "0", "--out", str(tmp_path)])
+    assert cli._data_dir(argparse.Namespace(dataset="ruler", context_length=1024, data_seed=1)) == "1024"
