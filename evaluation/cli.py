@@ -151,6 +151,18 @@ def cmd_report(args) -> dict:
     return paths
 
 
+def cmd_compare(args) -> str:
+    from evaluation.compare import markdown
+    from evaluation.store import load_results, write_atomic
+
+    files = [f for root in map(Path, args.results) for f in (sorted(root.glob("*.jsonl")) if root.is_dir() else [root])]
+    text = markdown(load_results(*files), args.split)
+    if args.out:
+        write_atomic(Path(args.out), text)
+    print(text)
+    return text
+
+
 def _clear_results(out: Path) -> None:
     """Remove a results folder's records, data seed and report (only those), so that a run computes afresh."""
     import shutil
@@ -313,6 +325,11 @@ def parser() -> argparse.ArgumentParser:
     rep.add_argument("--title", default="kvpress-prob results", help="report title")
     rep.add_argument("--kvpress-folders", action="store_true", help="also write KVPress-compatible folders")
 
+    c = add("compare", "sampling presses against the best top-k press at each ratio, paired on examples")
+    c.add_argument("--results", nargs="+", required=True, help="results folders or .jsonl files (one split)")
+    c.add_argument("--split", required=True, choices=["development", "test"], help="which split the results are")
+    c.add_argument("--out", default=None, help="markdown file to write (unset: print only)")
+
     presets = "; ".join(f"{k}: {', '.join(v['presses'])}" for k, v in PRESETS.items())
     rp = add("reproduce", "run a preset end to end and report it", epilog=_wrapped(f"presets (evaluation/presets.py): {presets}"))
     rp.add_argument("--preset", required=True, choices=sorted(PRESETS), help="named sweep")
@@ -349,7 +366,8 @@ def main(argv: list[str] | None = None) -> None:
         return cmd_bench(None, argv[1:])
     args = parser().parse_args(argv)
     command = {"generate": cmd_generate, "run": cmd_run, "merge": cmd_merge, "report": cmd_report,
-               "reproduce": cmd_reproduce, "demo": cmd_demo, "presses": cmd_presses}[args.command]
+               "reproduce": cmd_reproduce, "demo": cmd_demo, "presses": cmd_presses,
+               "compare": cmd_compare}[args.command]
     try:
         command(args)
     except MissingAssetError as error:

@@ -58,11 +58,40 @@ def _interval(mean, lo, hi, digits=1) -> str:
     return f"{mean:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]"
 
 
+def complete(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(rows of the presses run on every example of the frame, rows of the others): a sweep
+    whose press list was cut part-way leaves the dropped presses on the first examples only."""
+    counts = df.groupby("press")["example_id"].nunique()
+    whole = counts[counts == counts.max()].index
+    return df[df["press"].isin(whole)], df[~df["press"].isin(whole)]
+
+
+def _score_cells(means: pd.DataFrame, order: list[str]) -> pd.DataFrame:
+    table = means.assign(cell=[f"{m:.1f} ± {h:.1f}" if pd.notna(h) else f"{m:.1f}"
+                               for m, h in zip(means["mean"], means["half"])])
+    wide = table.pivot(index="press", columns="compression_ratio", values="cell")
+    wide = wide.loc[[p for p in order if p in wide.index]]
+    wide.columns = [f"r = {c:g}" for c in wide.columns]
+    return wide
+
+
+def _difference_cells(diff: pd.DataFrame, order: list[str], best: dict[float, str]) -> pd.DataFrame:
+    diff = diff.assign(cell=[_interval(m, lo, hi) + f" ({b}/{n})"
+                             for m, lo, hi, b, n in zip(diff["mean"], diff["lo"], diff["hi"], diff["a_better"], diff["n"])])
+    wide = diff.pivot(index="a", columns="compression_ratio", values="cell")
+    wide = wide.loc[[p for p in order if p in wide.index]]
+    wide.columns = [f"r = {c:g} vs {best[c]}" for c in wide.columns]
+    return wide
+
+
 def markdown(df: pd.DataFrame, split: str, title: str = "Probabilistic presses vs the best top-k") -> str:
-    """The comparison as markdown: scores, the best top-k, paired differences, win scores."""
+    """The comparison as markdown: scores, the best top-k, paired differences, win scores; presses
+    run on fewer examples than the others (stopped early) get their own rows, on their examples."""
     df = prepare(df)
     topk, prob = kinds(df["press"].unique())
-    df = df[df["press"].isin([REFERENCE, *topk, *prob])]
+    df, early = complete(df[df["press"].isin([REFERENCE, *topk, *prob])])
+    early_topk, early_prob = kinds(early["press"].unique())
+    topk, prob = [p for p in topk if p not in early_topk], [p for p in prob if p not in early_prob]
     n_examples = df["example_id"].nunique()
     tasks = sorted(df["task"].unique())
     means = score_means(df[df["press"] != REFERENCE])
@@ -71,22 +100,26 @@ def markdown(df: pd.DataFrame, split: str, title: str = "Probabilistic presses v
              f"{n_examples} examples ({len(tasks)} tasks: {', '.join(tasks)}); "
              f"sampling presses over seeds {sorted(df[df['press'].isin(prob)]['seed'].unique().tolist())}. "
              f"Full cache: {full.mean():.1f}.", ""]
-    table = means.assign(cell=[f"{m:.1f} ± {h:.1f}" if pd.notna(h) else f"{m:.1f}"
-                               for m, h in zip(means["mean"], means["half"])])
-    wide = table.pivot(index="press", columns="compression_ratio", values="cell")
-    wide = wide.loc[[p for p in [*topk, *prob] if p in wide.index]]
-    wide.columns = [f"r = {c:g}" for c in wide.columns]
+    wide = _score_cells(means, [*topk, *prob])
     wide.index.name = "press (mean ± 95 % half-width)"
     lines += ["## Scores", "", markdown_table(wide), ""]
     best = best_topk(means, topk)
     if best and prob:
-        diff = versus_best(df, prob, best)
-        diff["cell"] = [_interval(m, lo, hi) + f" ({b}/{n})"
-                        for m, lo, hi, b, n in zip(diff["mean"], diff["lo"], diff["hi"], diff["a_better"], diff["n"])]
-        wide = diff.pivot(index="a", columns="compression_ratio", values="cell").loc[prob]
-        wide.columns = [f"r = {c:g} vs {best[c]}" for c in wide.columns]
+        wide = _difference_cells(versus_best(df, prob, best), prob, best)
         wide.index.name = "press − best top-k [95 % t-interval] (examples where lower)"
         lines += ["## Against the best top-k at each ratio (paired on examples)", "", markdown_table(wide), ""]
+    if not early.empty:
+        counts = early.groupby("press")["example_id"].nunique()
+        order = [*early_topk, *early_prob]
+        wide = _score_cells(score_means(early), order)
+        wide.insert(0, "examples", [int(counts[p]) for p in wide.index])
+        wide.index.name = "stopped early: press (its examples only)"
+        lines += ["## Presses stopped part-way (scores on the examples they ran)", "", markdown_table(wide), ""]
+        if best:
+            both = pd.concat([df[df["press"].isin(best.values())], early])
+            wide = _difference_cells(versus_best(both, order, best), order, best)
+            wide.index.name = "stopped early: press − best top-k (shared examples)"
+            lines += [markdown_table(wide), ""]
     wins = win_scores(df)
     wins.index = wins.pop("press")
     wins.index.name = "press"
