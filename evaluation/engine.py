@@ -78,6 +78,19 @@ def recorded_prefill(model, layers, context_ids: torch.Tensor, on_layer=None) ->
     return cache, inputs
 
 
+@torch.no_grad()
+def press_prefill(model, context_ids: torch.Tensor, press: BasePress | None) -> DynamicCache:
+    """The prefill as the kvpress pipeline runs it: ``with press(model): model.model(...)`` on a new
+    cache (None: no press). What ``Prefill.compress`` replays, and what a user pays for one press."""
+    cache = DynamicCache()
+    if press is None:
+        model.model(input_ids=context_ids, past_key_values=cache)
+        return cache
+    with press(model):
+        model.model(input_ids=context_ids, past_key_values=cache)
+    return cache
+
+
 class Prefill:
     """One full-cache prefill of ``context_ids`` whose layer hooks can be replayed by any press."""
 
@@ -291,14 +304,12 @@ def generate_batch(model, tokenizer, question_ids: torch.Tensor, items: list[Com
 def cache_summary(cache: DynamicCache, press: BasePress | None, n: int) -> tuple[float, int]:
     """(realised compression ratio, bytes of keys and values held)."""
     held = sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in cache.layers)
-    if isinstance(press, SamplingPress):
+    if isinstance(press, SamplingPress) and press.stats:  # no stats at ratio 0: nothing was evicted
         return press.stats["realised_ratio"], held
     if isinstance(press, AdaKVPress):  # masks entries, frees nothing
         return press.compression_ratio, held
     stored = sum(layer.keys.shape[2] for layer in cache.layers)
     return 1.0 - stored / (n * len(cache.layers)), held
-
-
 
 
 @torch.no_grad()

@@ -130,7 +130,7 @@ def _colours(presses) -> dict[str, tuple]:
     return {p: cmap(i % cmap.N) for i, p in enumerate(methods)}
 
 
-def _save_png(fig: Figure, path: Path) -> Path:
+def save_png(fig: Figure, path: Path) -> Path:
     """Render a figure to PNG and write it atomically."""
     FigureCanvasAgg(fig)
     buffer = io.BytesIO()
@@ -174,7 +174,7 @@ def _plot_panels(panels: list[tuple[str, pd.DataFrame]], title: str, colours: di
                bbox_to_anchor=(0.5, 0.0))
     fig.suptitle(title)
     fig.tight_layout()
-    return _save_png(fig, path)
+    return save_png(fig, path)
 
 
 def plot_win_scores(wins: pd.DataFrame, path: Path, title: str = "Win score") -> Path:
@@ -200,7 +200,7 @@ def plot_win_scores(wins: pd.DataFrame, path: Path, title: str = "Win score") ->
         ax.legend(fontsize=8, loc="lower right")
     ax.set_title(title)
     fig.tight_layout()
-    return _save_png(fig, path)
+    return save_png(fig, path)
 
 
 # --------------------------------------------------------------------------- tables

@@ -80,12 +80,13 @@ def example_means(frame: pd.DataFrame, value: str, by: list[str], unit: str = UN
     return frame.groupby([*by, unit], sort=False, dropna=False)[value].mean().reset_index()
 
 
-def mean_table(frame: pd.DataFrame, value: str, by: list[str], unit: str = UNIT, level: float = 0.95) -> pd.DataFrame:
-    """Per group of ``by``: the mean over examples of the seed-averaged ``value`` with its t-interval
-    (columns by..., mean, lo, hi, half, n, sd; n counts examples)."""
+def mean_table(frame: pd.DataFrame, value: str, by: list[str] | None = None, unit: str = UNIT, level: float = 0.95) -> pd.DataFrame:
+    """Per group of ``by`` (none: one row): the mean over examples of the seed-averaged ``value``
+    with its t-interval (columns by..., mean, lo, hi, half, n, sd; n counts examples)."""
+    by = list(by or [])
     means = example_means(frame, value, by, unit)
-    rows = [dict(zip(by, key if isinstance(key, tuple) else (key,))) | mean_ci(g[value], level)
-            for key, g in means.groupby(by, sort=False, dropna=False)]
+    groups = means.groupby(by, sort=False, dropna=False) if by else [((), means)]
+    rows = [dict(zip(by, key if isinstance(key, tuple) else (key,))) | mean_ci(g[value], level) for key, g in groups]
     return pd.DataFrame(rows, columns=[*by, "mean", "lo", "hi", "half", "n", "sd"])
 
 

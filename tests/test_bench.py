@@ -8,8 +8,10 @@ import pytest
 import torch
 from conftest import random_ids, tiny_model
 
-from evaluation.bench import budget, oracle, speed
 from evaluation.bench.__main__ import build_parser
+from evaluation.bench.allocation import measure as budget
+from evaluation.bench.oracle import measure as oracle
+from evaluation.bench.speed import measure as speed
 
 # --------------------------------------------------------------------------- oracle
 
@@ -71,14 +73,14 @@ def test_byte_accounting_by_hand():
     model = tiny_model("llama")
     n, layers, kv_heads, head_dim, fp32 = 80, 3, 2, 16, 4
     ids = random_ids(n, seed=1)
-    full_cache, _, _ = speed.prefill(model, ids, "none", 0.5)
+    full_cache = speed.prefill(model, ids, "full", 0.5).cache
     full = layers * 2 * (1 * kv_heads * n * head_dim) * fp32
     assert speed.cache_bytes(full_cache) == full
 
-    topk_cache, _, _ = speed.prefill(model, ids, "snapkv", 0.5)
+    topk_cache = speed.prefill(model, ids, "snapkv", 0.5).cache
     assert speed.cache_bytes(topk_cache) == layers * 2 * kv_heads * (n // 2) * head_dim * fp32
 
-    cache, press, _ = speed.prefill(model, ids, "prob_snapkv", 0.5, seed=3)
+    cache, press, _, _ = speed.prefill(model, ids, "prob_snapkv", 0.5, seed=3)
     keep = press.last_draw.keep  # (L, b, H, n)
     stored = [max(1, int(keep[l, 0].sum(-1).max())) for l in range(layers)]
     kept = int(keep.sum())
@@ -90,7 +92,7 @@ def test_byte_accounting_by_hand():
     assert row["bytes_kept"] == kept * 2 * head_dim * fp32
     assert row["bytes_full"] == press.stats["bytes_full"] == full
     assert math.isclose(row["stored_over_budget"], speed.cache_bytes(cache) / (0.5 * full))
-    speed.strip_bias(model)
+    speed.clear_biases(model)
     assert speed.bias_bytes(model) == 0
 
 
@@ -128,8 +130,48 @@ def test_cli_has_every_option():
     assert args.examples == 2 and args.out == "results/bench"
     args = parser.parse_args(["oracle", "--ns", "8", "--draws", "10"])
     assert args.ns == [8] and args.instances == 20
+    args = parser.parse_args(["fidelity", "--quick", "--scopes", "head", "--no-layerwise"])
+    assert args.quick and args.scopes == ["head"] and not args.layerwise and args.out == "results/bench"
+    args = parser.parse_args(["shared-prefill", "--presses", "snapkv", "--ratio", "0.25"])
+    assert args.presses == ["snapkv"] and args.ratio == 0.25
     with pytest.raises(SystemExit):
         parser.parse_args(["nope"])
+
+
+def test_fidelity_quick_writes_under_its_own_folder():
+    from evaluation.bench.fidelity.cli import resolve
+
+    args = build_parser().parse_args(["fidelity", "--quick", "--out", "root"])
+    args = resolve(args)
+    assert str(args.out) == "root/fidelity/quick" and args.n_examples == 3 and args.context_length == 1024
+    args = resolve(build_parser().parse_args(["fidelity"]))
+    assert str(args.out) == "results/bench/fidelity" and args.n_examples == 6 and args.context_length == 2048
+
+
+# --------------------------------------------------------------------------- device, timing and memory helpers
+
+
+def test_context_ids_are_made_on_the_requested_device(tokenizer):
+    from evaluation.bench import common
+
+    ids = common.context_ids(tokenizer, 50, device="meta")
+    assert ids.device.type == "meta" and ids.shape == (1, 50)
+    assert common.context_ids(tokenizer, 50).device.type == "cpu"
+
+
+def test_peak_memory_sees_a_known_allocation():
+    from evaluation.bench import common
+
+    with common.PeakMemory("cpu") as idle:
+        pass
+    with common.PeakMemory("cpu") as busy:
+        x = torch.ones(16 * 2**20)  # 64 MiB, written so that its pages are resident
+        del x
+    assert 60 * 2**20 <= busy.extra_bytes <= 90 * 2**20, (busy.method, busy.extra_bytes)
+    assert idle.extra_bytes < 16 * 2**20
+    with common.Stopwatch("cpu") as watch:
+        torch.ones(10).sum()
+    assert watch.wall >= 0 and watch.cuda_peak_bytes is None
 
 
 def test_bias_snapshot_lets_caches_decode_in_lockstep():
@@ -140,16 +182,16 @@ def test_bias_snapshot_lets_caches_decode_in_lockstep():
     step = lambda cache, i: model(input_ids=torch.tensor([[7 + i]]), past_key_values=cache,
                                   position_ids=torch.tensor([[n + i]])).logits
     with torch.no_grad():
-        alone, _, _ = speed.prefill(model, ids, "prob_snapkv", 0.5, seed=2)
+        alone = speed.prefill(model, ids, "prob_snapkv", 0.5, seed=2).cache
         reference = [step(alone, i) for i in range(2)]
-        corrected, _, _ = speed.prefill(model, ids, "prob_snapkv", 0.5, seed=2)
-        biases = speed.snapshot_bias(model)
+        corrected = speed.prefill(model, ids, "prob_snapkv", 0.5, seed=2).cache
+        biases = speed.biases_of(model)
         assert any(b is not None for b in biases)
-        other, _, _ = speed.prefill(model, ids, "snapkv", 0.5)  # a new prefill clears the module state
+        other = speed.prefill(model, ids, "snapkv", 0.5).cache  # a new prefill clears the module state
         for i in range(2):
-            speed.set_bias(model, [None] * len(biases))
+            speed.set_biases(model, [None] * len(biases))
             step(other, i)
-            speed.set_bias(model, biases)
+            speed.set_biases(model, biases)
             torch.testing.assert_close(step(corrected, i), reference[i])
         timing = speed.decode_interleaved(model, {"a": (corrected, biases), "b": (other, [None] * 3)}, n + 2,
                                           torch.tensor([1, 2, 3]), warmup=1)

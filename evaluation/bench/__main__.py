@@ -1,6 +1,8 @@
-"""CLI: ``python -m evaluation.bench {speed,budget,oracle,fidelity,shared-prefill} [--quick] ...``.
+"""CLI: ``python -m evaluation.bench {speed,budget,oracle,fidelity,shared-prefill,decompose} [--quick] ...``.
 
-fidelity and shared-prefill parse their own options (``python -m evaluation.bench fidelity --help``).
+Every bench package takes ``--quick``, ``--out`` (the output root; a bench writes into its own
+folder below it) and ``--model``, and its own options (``python -m evaluation.bench <name> --help``).
+``decompose`` (``evaluation/bench/decompose.py`` and ``decompose_report.py``) parses its own options.
 """
 
 from __future__ import annotations
@@ -9,35 +11,41 @@ import argparse
 import importlib
 import sys
 
+# CLI name -> (package under evaluation.bench, output folder, help)
 COMMANDS = {
-    "speed": "prefill / decode speed and cache memory: prob presses vs kvpress top-k vs the full cache",
-    "budget": "realised budget: kept fraction per layer and head, realised vs target ratio, padding, scopes",
-    "oracle": "exact (brute-force) eviction on small synthetic instances vs top-k and sampling +- SNIS",
+    "speed": ("speed", "speed", "prefill / decode speed, cache memory and prefill peak memory: prob presses vs "
+                                "kvpress top-k vs the full cache"),
+    "budget": ("allocation", "budget", "where the budget goes: kept fraction per layer and head, realised vs target "
+                                       "ratio, padding, scopes"),
+    "oracle": ("oracle", "oracle", "exact (brute-force) eviction on small synthetic instances vs top-k and sampling +- SNIS"),
+    "fidelity": ("fidelity", "fidelity", "KL to the full cache (teacher-forced) and layer-wise attention error"),
+    "shared-prefill": ("shared_prefill", "shared_prefill", "the runner's shared prefill and batched decoding vs the "
+                                                           "naive kvpress pipeline loop"),
 }
+QUICK_INTO_SUBFOLDER = {"fidelity", "shared-prefill"}  # their --quick output goes to <out>/<folder>/quick
+# CLI name -> module with its own ``main(argv)`` and parser (``python -m evaluation.bench <name> --help``)
+OWN_PARSERS = {"decompose": "evaluation.bench.decompose"}
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m evaluation.bench",
-        description="kvpress-prob benchmarks. Each writes JSON, Markdown and PNG under <out>/<command>/.",
+        description="kvpress-prob benchmarks. Each writes JSON, Markdown and PNG under <out>/<folder>/.",
     )
-    sub = parser.add_subparsers(dest="command", required=True,
-                                metavar="{" + ",".join([*COMMANDS, *OWN_PARSERS]) + "}")
-    for name, help_text in COMMANDS.items():
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join([*COMMANDS, *OWN_PARSERS]) + "}")
+    for name, (package, folder, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("--quick", action="store_true", help="small settings that finish in a few minutes on 2 CPU cores")
-        p.add_argument("--out", default="results/bench", help="output root; files go to <out>/<command>/ (default results/bench)")
+        quick_out = f"<out>/{folder}/quick" if name in QUICK_INTO_SUBFOLDER else f"<out>/{folder}"
+        p.add_argument("--quick", action="store_true",
+                       help=f"small settings that finish in minutes on 2 CPU cores (output in {quick_out})")
+        p.add_argument("--out", default="results/bench", help=f"output root; files go to <out>/{folder}/")
         p.add_argument("--model", default=None,
-                       help="Hugging Face id or local path (default: the embedded SmolLM2-135M-Instruct)"
+                       help="Hugging Face id or local path (None: the embedded SmolLM2-135M-Instruct)"
                        + ("; unused by oracle, whose instances are synthetic" if name == "oracle" else ""))
-        importlib.import_module(f"evaluation.bench.{name}").add_arguments(p)
+        importlib.import_module(f"evaluation.bench.{package}.cli").add_arguments(p)
     for name in OWN_PARSERS:
         sub.add_parser(name, help=f"see python -m evaluation.bench {name} --help", add_help=False)
     return parser
-
-
-OWN_PARSERS = {"fidelity": "evaluation.bench.fidelity", "shared-prefill": "evaluation.bench.shared_prefill",
-               "decompose": "evaluation.bench.decompose"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,8 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         importlib.import_module(OWN_PARSERS[argv[0]]).main(argv[1:])
         return 0
     args = build_parser().parse_args(argv)
-    module = importlib.import_module(f"evaluation.bench.{args.command}")
-    module.main(args)
+    package = COMMANDS[args.command][0]
+    importlib.import_module(f"evaluation.bench.{package}.cli").main(args)
     return 0
 
 

@@ -1,21 +1,26 @@
-"""Shared helpers of the benchmarks: machine description, contexts, output files, plotting."""
+"""Shared helpers of the benchmarks: machine description, contexts, output files, timing and peak memory.
+
+Every tensor a bench makes is created on the model's device; on CUDA every timing synchronises
+the device before reading the clock and records ``torch.cuda.max_memory_allocated``.
+"""
 
 from __future__ import annotations
 
-import io
+import ctypes
+import gc
 import json
 import os
 import platform
+import re
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
-from evaluation.report import markdown_table
+from evaluation.report import markdown_table, save_png
 from evaluation.store import write_atomic
 
 __all__ = [
@@ -24,9 +29,11 @@ __all__ = [
     "context_ids",
     "write_json",
     "write_markdown",
-    "save_figure",
+    "save_png",
     "markdown_table",
     "Stopwatch",
+    "PeakMemory",
+    "synchronize",
 ]
 
 
@@ -58,6 +65,7 @@ def machine_info() -> dict:
         "torch_threads": torch.get_num_threads(),
         "torch_interop_threads": torch.get_num_interop_threads(),
         "cuda": torch.cuda.is_available(),
+        "cuda_device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "loadavg_start": loadavg(),
     }
 
@@ -69,8 +77,8 @@ def load(model_name: str | None):
     return load_model(model_name)
 
 
-def context_ids(tokenizer, length: int, seed: int = 0) -> torch.Tensor:
-    """Exactly ``length`` token ids (1, length) of a RULER context (repeated if it comes out short)."""
+def context_ids(tokenizer, length: int, seed: int = 0, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Exactly ``length`` token ids (1, length) of a RULER context (repeated if it comes out short), on ``device``."""
     from evaluation.datasets.ruler import generate_ruler
 
     df = generate_ruler(tokenizer, length, 1, seed)
@@ -79,7 +87,7 @@ def context_ids(tokenizer, length: int, seed: int = 0) -> torch.Tensor:
         raise RuntimeError("empty RULER context")
     while len(ids) < length:
         ids = ids + ids
-    return torch.tensor(ids[:length])[None]
+    return torch.tensor(ids[:length], device=device)[None]
 
 
 def _plain(obj):
@@ -111,29 +119,119 @@ def write_markdown(path: Path, text: str) -> Path:
     return write_atomic(path, text)
 
 
-def save_figure(fig: Figure, path: Path) -> Path:
-    """Render with the Agg canvas (no pyplot state) and write atomically."""
-    FigureCanvasAgg(fig)
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
-    return write_atomic(path, buffer.getvalue())
+def synchronize(device: torch.device | str) -> None:
+    """Wait for the device's queued work (CUDA kernels run asynchronously); nothing on a CPU."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 class Stopwatch:
-    """Wall-clock and process CPU time of a block."""
+    """Wall-clock and process CPU time of a block, the device synchronised at both ends. On CUDA,
+    ``cuda_peak_bytes`` is ``torch.cuda.max_memory_allocated`` over the block (None on a CPU)."""
+
+    def __init__(self, device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
+        self.cuda_peak_bytes = None
 
     def __enter__(self):
+        synchronize(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
         self.wall0, self.cpu0 = time.perf_counter(), time.process_time()
         return self
 
     def __exit__(self, *exc):
+        synchronize(self.device)
         self.wall = time.perf_counter() - self.wall0
         self.cpu = time.process_time() - self.cpu0
+        if self.device.type == "cuda":
+            self.cuda_peak_bytes = torch.cuda.max_memory_allocated(self.device)
+        return False
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            match = re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.MULTILINE)
+    except OSError:
+        return None
+    return int(match.group(1)) if match else None
+
+
+def _release_free_memory() -> None:
+    """Return the C allocator's free memory to the system (glibc ``malloc_trim``), so that memory
+    freed earlier is not reused unseen by the resident-set peak of the next block."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+def _reset_rss_peak() -> bool:
+    """Reset the kernel's high-water mark of this process's resident set (Linux >= 4.0)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+class PeakMemory:
+    """Peak memory of a block above what was held when it started.
+
+    CUDA: ``torch.cuda.max_memory_allocated`` minus ``memory_allocated`` at the start (tensors only).
+    CPU: the process's resident set, whose high-water mark (VmHWM) the kernel resets on entry
+    (after the allocator's free memory is returned to the system, so that the block cannot reuse
+    it unseen); where that is not possible, a thread samples the resident set every millisecond
+    (``method`` says which). RSS counts every allocation of the process, tensors and the
+    allocator's slack.
+    Attributes after the block: ``start_bytes``, ``peak_bytes``, ``extra_bytes`` = peak - start.
+    """
+
+    def __init__(self, device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
+
+    def __enter__(self):
+        synchronize(self.device)
+        if self.device.type == "cuda":
+            self.method = "cuda max_memory_allocated"
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.start_bytes = torch.cuda.memory_allocated(self.device)
+            return self
+        _release_free_memory()
+        self.start_bytes = 1024 * (_status_kib("VmRSS") or 0)
+        self._thread = None
+        if _reset_rss_peak() and _status_kib("VmHWM") is not None:
+            self.method = "RSS high-water mark (VmHWM)"
+        else:
+            self.method = "RSS sampled every 1 ms"
+            self._samples, self._stop = [self.start_bytes], threading.Event()
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._stop.wait(0.001):
+            self._samples.append(1024 * (_status_kib("VmRSS") or 0))
+
+    def __exit__(self, *exc):
+        synchronize(self.device)
+        if self.device.type == "cuda":
+            self.peak_bytes = torch.cuda.max_memory_allocated(self.device)
+        elif self._thread is None:
+            self.peak_bytes = 1024 * _status_kib("VmHWM")
+        else:
+            self._stop.set()
+            self._thread.join()
+            self.peak_bytes = max(self._samples)
+        self.extra_bytes = self.peak_bytes - self.start_bytes
         return False
 
 
 def machine_markdown(info: dict) -> str:
-    keys = ["platform", "processor", "cpu_count", "torch", "transformers", "kvpress", "torch_threads",
+    keys = ["platform", "processor", "cpu_count", "cuda_device", "torch", "transformers", "kvpress", "torch_threads",
             "loadavg_start", "loadavg_end"]
     lines = [f"- {k}: {info.get(k)}" for k in keys if k in info]
     return "\n".join(lines) + "\n"
