@@ -44,7 +44,7 @@ def reference_attention(
     q = q[:, -q_len:]  # queries of this step; keys and values of every new token so far
     hq, _, d = q.shape
     g = hq // prefix_keys.shape[0]
-    out = torch.zeros(q_len, hq, d)
+    out = torch.zeros(q_len, hq, d, device=q.device)
     for head in range(hq):
         kv = head // g
         kept = keep[kv].nonzero().flatten()
@@ -81,7 +81,7 @@ def run(model, press, ids, new_ids):
         h.remove()
     hooks = [layer.self_attn.register_forward_hook(grab, with_kwargs=True) for layer in layers]
     n = ids.shape[1]
-    positions = torch.arange(n, n + new_ids.shape[1])[None]
+    positions = torch.arange(n, n + new_ids.shape[1], device=ids.device)[None]
     with torch.no_grad():
         model(input_ids=new_ids, past_key_values=cache, position_ids=positions)
         model(input_ids=new_ids[:, -1:], past_key_values=cache, position_ids=positions[:, -1:] + 1)

@@ -31,13 +31,13 @@ def draw_figures(pi: torch.Tensor, ratio: float, scope: str, seed: int, press) -
     """One draw with the press's sampler; kept counts, stored lengths, realised ratio, padding."""
     generator = torch.Generator(device=pi.device).manual_seed(seed)  # as SamplingPress.evict seeds it
     result = press.sampler(pi, ratio, scope, generator)
-    kept = result.keep[:, 0].sum(-1).double()  # (L, H)
+    kept = result.keep[:, 0].sum(-1).double().cpu()  # (L, H)
     return figures_from_kept(kept, pi.shape[-1]) | {"keep": result.keep}
 
 
 def figures_from_kept(kept: torch.Tensor, n: int) -> dict:
     """kept (L, H) counts of one draw -> the budget figures."""
-    kept = torch.as_tensor(kept, dtype=torch.float64)
+    kept = torch.as_tensor(kept, dtype=torch.float64).cpu()
     L, H = kept.shape
     stored = kept.max(dim=1).values.clamp_min(1)  # (L,) padded length per layer
     padding_layer = H * stored / kept.sum(dim=1).clamp_min(1)

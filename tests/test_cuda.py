@@ -1,0 +1,88 @@
+"""The GPU check: the correction against its dense reference, one runner sweep and every bench's
+``--quick`` mode, on CUDA. Skipped on a machine without CUDA.
+
+Run the whole check with ``python -m pytest tests/test_cuda.py -v`` on a GPU box (the benches run on
+the embedded SmolLM2-135M-Instruct, which ``load_model`` puts on CUDA in bfloat16).
+"""
+
+import json
+
+import pytest
+import torch
+from conftest import random_ids, tiny_model
+from test_correction import check_steps, run as run_correction
+from test_runner import examples
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="CUDA is not available: the GPU check runs only on a machine with a CUDA device")
+
+
+@pytest.mark.parametrize("name,tau", [("prob_min_h", 1.0), ("prob_snapkv", 2.0)])
+def test_correction_matches_dense_reference_on_cuda(name, tau):
+    from kvpress_prob import get_press
+
+    model = tiny_model("llama").to("cuda")
+    press = get_press(name, 0.5, temperature=tau)
+    full, seen, cache = run_correction(model, press, random_ids(96).cuda(), random_ids(5, seed=1).cuda())
+    assert cache.layers[0].keys.device.type == "cuda" and press.last_draw.keep.device.type == "cuda"
+    check_steps(press, full, seen, tau, atol=2e-5, rtol=1e-4)
+
+
+def test_runner_sweep_on_cuda_matches_the_pipeline(tmp_path, tokenizer):
+    """Batched decoding on CUDA gives the kvpress pipeline's answers (decode_batch 1), config by config."""
+    from evaluation.runner import configurations, run
+    from evaluation.store import ResultStore
+
+    model = tiny_model("qwen3").to("cuda")
+    model.generation_config.eos_token_id = 2
+    configs = configurations(["snapkv", "prob_min_h", "prob_snapkv_nocorr", "h2o"], [0.25, 0.75], [0, 1])
+    kwargs = dict(model_name="tiny", dataset="ruler", data_dir="64", progress=False)
+    one, many = ResultStore(tmp_path / "one.jsonl"), ResultStore(tmp_path / "many.jsonl")
+    assert run(model, tokenizer, examples(2), configs, one, **kwargs) == 2 * len(configs)
+    run(model, tokenizer, examples(2), configs, many, decode_batch=5, **kwargs)
+    key = ["example_id", "press", "compression_ratio", "seed"]
+    a, b = one.load().set_index(key).sort_index(), many.load().set_index(key).sort_index()
+    assert a.prediction.equals(b.prediction)
+    snapkv = a.xs("snapkv", level="press").reset_index()
+    assert ((snapkv.realised_ratio - snapkv.compression_ratio).abs() < 0.02).all()
+
+
+def _bench(name, tmp_path, *extra):
+    from evaluation.bench.__main__ import main
+
+    assert main([name, "--quick", "--out", str(tmp_path), *extra]) == 0
+
+
+def test_speed_quick_on_cuda(tmp_path):
+    _bench("speed", tmp_path)
+    data = json.loads((tmp_path / "speed" / "speed.json").read_text())
+    assert data["status"] == "complete" and data["machine"]["device"].startswith("cuda")
+    assert all(v > 0 for per_n in data["prefill_cuda_peak_bytes"].values() for v in per_n.values())
+    assert {row["method"] for row in data["peak"]} == {"cuda max_memory_allocated"}
+    assert {(row["press"], row["path"]) for row in data["peak"]} >= {("prob_min_h", "press"), ("prob_min_h", "engine")}
+
+
+def test_budget_quick_on_cuda(tmp_path):
+    _bench("budget", tmp_path)
+    data = json.loads((tmp_path / "budget" / "budget.json").read_text())
+    assert all(row["redraw_matches_press"] for row in data["press_stats"])
+
+
+def test_oracle_quick_on_cuda(tmp_path):  # synthetic and CPU-only by design: it must still run on a GPU box
+    _bench("oracle", tmp_path)
+    assert (tmp_path / "oracle" / "oracle.json").exists()
+
+
+def test_fidelity_quick_on_cuda(tmp_path):
+    _bench("fidelity", tmp_path, "--presses", "snapkv", "prob_snapkv", "prob_min_h", "--threads", "0")
+    summary = json.loads((tmp_path / "fidelity" / "quick" / "summary.json").read_text())
+    kl = {row["press"]: row for row in summary["kl"]}
+    assert set(kl) == {"snapkv", "prob_snapkv", "prob_min_h"} and all(row["kl"] >= 0 for row in kl.values())
+    assert all(row["n_examples"] == 3 for row in kl.values())
+
+
+def test_shared_prefill_quick_on_cuda(tmp_path):
+    _bench("shared-prefill", tmp_path)
+    data = json.loads((tmp_path / "shared_prefill" / "quick" / "shared_prefill.json").read_text())
+    assert data["device"].startswith("cuda") and data["speedup"] > 0
+    assert data["all_identical"]  # one-at-a-time decoding of the shared prefill is the pipeline's
