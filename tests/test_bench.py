@@ -197,3 +197,28 @@ def test_bias_snapshot_lets_caches_decode_in_lockstep():
                                           torch.tensor([1, 2, 3]), warmup=1)
     assert set(timing) == {"a", "b"} and timing["a"]["steps"] == 2
     assert speed.bias_bytes(model) == 0  # the modules are left clean
+
+
+def test_speed_run_end_to_end_on_a_tiny_model(tmp_path, tokenizer):
+    """The whole speed bench on a tiny model: every table is filled, the byte figures agree with the
+    press's stats, and the prefill peak memory is recorded for each press on both paths."""
+    from evaluation.bench.speed import report
+
+    model = tiny_model("llama")
+    raw = speed.run(model, tokenizer, [96], 1, 0.5, [0.25, 0.5], 3, 1, ["full", "snapkv", "prob_snapkv", "prob_min_h"],
+                    log=lambda *a: None)
+    peak = raw["peak"]
+    assert set(zip(peak.press, peak.path)) == {(p, path) for p in ("full", "snapkv", "prob_snapkv", "prob_min_h")
+                                               for path in ("press", "engine")}
+    assert (peak.peak_bytes >= peak.start_bytes).all() and peak.method.str.startswith("RSS").all()
+    assert set(raw["decode"].variant) == set(speed.DECODE_VARIANTS) and (raw["decode"].steps == 3).all()
+    mem = raw["memory"].set_index(["press", "ratio"])
+    assert mem.loc[("snapkv", 0.5), "stored_over_budget"] == 1.0
+    assert mem.loc[("prob_snapkv", 0.25), "bytes_stored"] == mem.loc[("prob_snapkv", 0.25), "stats_bytes_stored"]
+    assert raw["draws"].same_kept_as_corrected.dropna().all()  # nocorr keeps the corrected press's set
+    summary = report.write_outputs(raw, {"elapsed_s": 1.0, "torch_threads": 1}, dict(
+        model=None, ratio=0.5, lengths=[96], repeats=1, decode_steps=3, warmup_steps=1, threads=None, quick=True,
+        memory_ratios=[0.25, 0.5]), tmp_path, "complete")
+    text = (tmp_path / "speed.md").read_text()
+    assert "Peak memory of the prefill" in text and "prob_min_h (engine)" in text
+    assert set(summary["checks"].n) == {96, "all"}

@@ -108,11 +108,11 @@ def markdown(table, layers, press_rows, info, settings) -> str:
         examples=("example", "size"), realised=("realised_ratio", "mean"), padding=("padding", "mean"),
         redraw_matches=("redraw_matches_press", "all"))
     return "\n".join([
-        "# Budget benchmark\n",
+        "# Allocation benchmark (`python -m evaluation.bench budget`)\n",
         f"Model: {settings['model'] or 'embedded SmolLM2-135M-Instruct'}; {settings['examples']} RULER examples at "
         f"{settings['length']} tokens; targets r in {settings['ratios']}; {settings['seeds']} draws per example "
-        f"and setting (one real prefill per proposal and example; draws redone on the captured proposals with "
-        f"the press's own sampler, see `evaluation/bench/allocation/measure.py`).\n",
+        f"and setting (one engine prefill per proposal and example; the other draws redone on its proposals by "
+        f"the press's own sampler, see `evaluation/bench/allocation/__init__.py`).\n",
         common.machine_markdown(info),
         "## Realised vs target ratio, padding (global budget)\n",
         common.markdown_table(glob, float_format="{:.4f}"),

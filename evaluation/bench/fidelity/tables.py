@@ -114,7 +114,9 @@ def paired_table(df: pd.DataFrame) -> pd.DataFrame:
     out = pd.concat(frames, ignore_index=True).rename(columns={
         "compression_ratio": "ratio", "a": "A", "b": "B", "mean": "diff", "a_better": "A_better",
         "mean_a": "kl_A", "mean_b": "kl_B"})
-    return out.sort_values(["family", "ratio"], kind="stable").reset_index(drop=True)
+    rank = {family: i for i, family in enumerate(FAMILIES)}
+    out = out.assign(_rank=out["family"].map(rank)).sort_values(["_rank", "ratio"], kind="stable")
+    return out.drop(columns="_rank").reset_index(drop=True)
 
 
 def scope_table(df: pd.DataFrame) -> pd.DataFrame:

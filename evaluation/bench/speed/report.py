@@ -150,12 +150,15 @@ def peak_markdown(peak: pd.DataFrame) -> list[str]:
     table = peak.assign(MiB=peak.extra_bytes / 2**20, **{"/ full K+V": peak.extra_over_full_kv}).pivot_table(
         index=["press", "path"], columns="n", values=["MiB", "/ full K+V"], sort=False)
     table.columns = [f"{what} n={n}" for what, n in table.columns]
+    table.index = [f"{press} ({path})" for press, path in table.index]
+    table.index.name = "press (path)"
     return [
         "\n## Peak memory of the prefill\n",
         f"Peak above the memory held before the prefill ({peak.method.iloc[0]}), in MiB and as a multiple of the "
-        "full cache's K+V bytes. `press`: the kvpress pipeline's prefill under the press (eviction deferred to the "
-        "last layer, so the whole full cache is held until then); `engine`: the runner's path, `engine.Prefill` "
-        "(the full prefill keeping every layer's hook inputs, hidden states included) then `compress`.\n",
+        "full cache's K+V bytes. `press`: the kvpress pipeline's prefill under the press (kvpress presses compress "
+        "each layer after its attention; a SamplingPress defers eviction to the last layer, so the whole full cache "
+        "is held until then); `engine`: the runner's path, `engine.Prefill` (the full prefill keeping every layer's "
+        "hook inputs, hidden states included) then `compress`.\n",
         common.markdown_table(table, float_format="{:.2f}"),
     ]
 
