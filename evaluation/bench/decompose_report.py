@@ -16,23 +16,20 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from scipy import stats  # noqa: E402
 
 from evaluation.bench.decompose import STEPS, all_configs  # noqa: E402
 from evaluation.report import markdown_table  # noqa: E402
+from evaluation.stats import mean_ci  # noqa: E402
 from evaluation.store import load_results, write_atomic  # noqa: E402
 
 
 def interval(values) -> tuple[float, float, float, int]:
-    """(mean, low, high, n): the 95 % Student-t interval of the mean (nan bounds for n < 2)."""
-    x = np.asarray(values, dtype=float)
-    x = x[~np.isnan(x)]
-    if len(x) == 0:
-        return float("nan"), float("nan"), float("nan"), 0
-    if len(x) < 2 or np.all(x == x[0]):
-        return float(x.mean()), float(x.mean()), float(x.mean()), len(x)
-    low, high = stats.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=stats.sem(x))
-    return float(x.mean()), float(low), float(high), len(x)
+    """(mean, low, high, n): the 95 % Student-t interval of the mean (``evaluation.stats.mean_ci``);
+    the bounds are the mean itself when n < 2 or the values do not vary."""
+    ci = mean_ci(values)
+    if ci["n"] < 2 or ci["half"] == 0:
+        return ci["mean"], ci["mean"], ci["mean"], ci["n"]
+    return ci["mean"], ci["lo"], ci["hi"], ci["n"]
 
 
 def cell(mean, low, high, n=None) -> str:
