@@ -5,11 +5,15 @@ The demo's presses are ``DEMO_PRESSES``: change them there, nowhere else.
 
 from __future__ import annotations
 
+from kvpress_prob.registry import RECOMMENDED
+
 PAPER_METHODS = ["streaming_llm", "snapkv", "tova", "h2o", "knorm", "prob_min", "prob_min_h", "prob_h2o", "prob_h2o_h"]
 PAPER_RATIOS = [0.1, 0.25, 0.5, 0.75, 0.9]
 
-# make demo = the cpu-quick preset: these presses at these ratios, one example per offline RULER task.
-DEMO_PRESSES = ["snapkv", "tova", "prob_snapkv", "prob_min_h"]
+# make demo = the cpu-quick preset: these presses at these ratios, one example per offline RULER task:
+# the recommended probabilistic press next to the best top-k presses of the development split
+# (kvpress's KeyDiff, and top-k over blocks of K-norm scores, the recommended press's deterministic twin).
+DEMO_PRESSES = ["keydiff", "topk_knorm_block8", RECOMMENDED]
 DEMO_RATIOS = [0.5, 0.75]
 
 PRESETS = {
@@ -18,7 +22,7 @@ PRESETS = {
     "paper-longbench": dict(dataset="longbench", context_length=3000, n_examples=None, presses=PAPER_METHODS,
                             ratios=PAPER_RATIOS, seeds=[0, 1, 2]),
     "cpu-quick": dict(dataset="ruler", context_length=1024, n_examples=11, presses=DEMO_PRESSES,
-                      ratios=DEMO_RATIOS, seeds=[0]),
+                      ratios=DEMO_RATIOS, seeds=[0, 1, 2]),
 }
 
 # Where each preset writes by default, and the committed run ``make demo`` compares itself with.

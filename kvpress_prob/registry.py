@@ -9,6 +9,12 @@ topk_min_h: pi_min-h kept by top-k under the same global allocation (TopKSampler
 Beyond the paper: prob_min_c (pi_min centred), prob_min_h_strata (alpha = 0.5), prob_min_h_coord
 (coordinated sampling), prob_min_h_shared (one proposal shared by a layer's heads),
 prob_snapkv_strata (alpha = 0.5), prob_min_h_ht and prob_snapkv_ht (Horvitz-Thompson weights 1 / q_i).
+Stronger kvpress top-k baselines (``STRONGER``): expected_attention (under AdaKV, as kvpress's own
+evaluation registry runs it), keydiff, lagkv, adakv_<tova|knorm|keydiff|lagkv>.
+Sampling designs beyond the paper's draws (``_DESIGNS``): threshold (pi-ps), priority and block
+(cluster) samplers over several proposals, sharpened proposals; topk_<proposal>_block8/16 are the
+block designs' deterministic twins (top-k over blocks). ``RECOMMENDED`` names the probabilistic press
+chosen on the development split (docs/protocol.md, "Splits").
 """
 
 from __future__ import annotations
@@ -185,6 +191,12 @@ PRESSES: dict[str, Callable[[float], BasePress]] = {
     **_DESIGNS,
     **{f"{name}_nocorr": _uncorrected(factory) for name, factory in _PROB.items()},
 }
+
+
+#: The probabilistic press we recommend: the sampling press with the best development-split score
+#: averaged over r = 0.1, 0.25, 0.5, 0.75 (RULER data seed 0, 1024 tokens; README, "When does
+#: probabilistic eviction help?"). It is chosen on that split only.
+RECOMMENDED = "prob_knorm_block8"
 
 
 def _init_fields(obj) -> set[str]:

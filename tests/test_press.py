@@ -191,3 +191,10 @@ def prefill_and_decode(model, press, ids, n_tokens):
             token = logits[:, -1:].argmax(-1)
             out.append(int(token))
     return out
+
+
+def test_recommended_press_is_a_sampling_registry_press():
+    from kvpress_prob.registry import RECOMMENDED, is_sampling
+
+    assert RECOMMENDED in PRESSES and is_sampling(RECOMMENDED)
+    assert isinstance(get_press(RECOMMENDED, 0.5), SamplingPress)
