@@ -266,7 +266,7 @@ def generate_batch(model, tokenizer, question_ids: torch.Tensor, items: list[Com
     active = torch.arange(b, device=device)  # which of the B rows are still in the batch
     try:
         for layer, bias in zip(layers, biases):
-            correction.set_bias(layer.self_attn, bias)
+            correction.set_bias(layer.self_attn, bias, cache)
             layer.self_attn.masked_key_indices = None
         q_len = question_ids.shape[1]
         position_ids = torch.arange(context_length, context_length + q_len, device=device)
@@ -286,7 +286,7 @@ def generate_batch(model, tokenizer, question_ids: torch.Tensor, items: list[Com
                 keep = (~done).nonzero().squeeze(1)
                 for layer, cache_layer in zip(layers, cache.layers):
                     cache_layer.select(keep)
-                    correction.set_bias(layer.self_attn, correction.bias_of(layer.self_attn)[keep])
+                    correction.set_bias(layer.self_attn, correction.bias_of(layer.self_attn)[keep], cache)
                 active, new = active[keep], new[keep]
             position_ids = torch.full((len(active), 1), position + i, device=device)
             logits = model(input_ids=new[:, None], past_key_values=cache, position_ids=position_ids).logits

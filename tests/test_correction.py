@@ -169,13 +169,10 @@ def test_prefill_clears_the_correction(model):
 
 def test_batch_mismatch_is_refused():
     """A cache compressed for batch 1 read by a batch of 2 fails loudly instead of broadcasting."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
     model = tiny_model("llama")
+    cache = DynamicCache()
     with torch.no_grad(), get_press("prob_min", 0.5)(model):
-        model.model(input_ids=random_ids(64), past_key_values=DynamicCache())
-    attn = model.model.layers[0].self_attn
-    q = torch.zeros(2, 4, 1, 16)
-    k = torch.zeros(2, 2, correction.bias_of(attn).shape[-1] + 1, 16)
-    with pytest.raises(ValueError, match="batch size 2"):
-        ALL_ATTENTION_FUNCTIONS["sdpa"](attn, q, k, k, None, dropout=0.0, scaling=0.25)
+        model.model(input_ids=random_ids(64), past_key_values=cache)
+    cache.batch_repeat_interleave(2)  # the keys now have batch 2, the correction batch 1
+    with pytest.raises(ValueError, match="batch size 2"), torch.no_grad():
+        model(input_ids=random_ids(1).repeat(2, 1), past_key_values=cache, position_ids=torch.tensor([[64], [64]]))
