@@ -154,11 +154,12 @@ def corrected_sdpa(
     # causal among new tokens: query i sits at new-token index n_new - q_len + i
     i = torch.arange(q_len, device=query.device)[:, None]
     j = torch.arange(n_new, device=query.device)[None, :]
-    lowest = torch.finfo(query.dtype).min
-    new_mask = torch.zeros(q_len, n_new, dtype=query.dtype, device=query.device)
+    dtype = torch.promote_types(query.dtype, bias.dtype)  # a float32 bias is added in float32
+    lowest = torch.finfo(dtype).min
+    new_mask = torch.zeros(q_len, n_new, dtype=dtype, device=query.device)
     new_mask.masked_fill_(j > i + (n_new - q_len), lowest)  # (q, n_new)
     mask = torch.cat(
-        [bias.to(query.dtype)[:, :, None, :].expand(b, hkv, q_len, n_stored), new_mask.expand(b, hkv, q_len, n_new)],
+        [bias.to(dtype)[:, :, None, :].expand(b, hkv, q_len, n_stored), new_mask.expand(b, hkv, q_len, n_new)],
         dim=-1,
     )  # (b, H_kv, q, k)
     # fold the query heads of a group into the query axis: head h*g + gi serves KV head h

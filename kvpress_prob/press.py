@@ -46,8 +46,14 @@ class SamplingPress(BasePress):
     ``sampler`` turns all of them and the budget into kept masks and log-weights (the default,
     ``PoissonSampler``, is the paper's draws with replacement), the entries not kept are evicted,
     and each layer's cache is cut to its kept entries, padded only to that layer's largest head.
-    Each attention module keeps the log-weights / temperature, read at decode time by
-    ``kvpress_prob.correction`` (self-normalised importance sampling, docs/method.md).
+    Each layer of that cache carries the log-weights / temperature, read at decode time by
+    ``kvpress_prob.correction`` (self-normalised importance sampling, docs/method.md): the
+    correction belongs to that one cache, so nothing outlives it on the model. A prefill that skips
+    a hooked layer, repeats one or stops before the last raises instead of evicting nothing.
+
+    Inside kvpress's wrappers: last in a ``ComposedPress`` and as a ``PrefillDecodingPress``'s
+    ``prefilling_press`` it runs as alone; every other wrapper (``REFUSED`` and any unknown one) is
+    refused at construction and at ``__call__`` with the alternative to use (README table).
 
     The kept count is random for a random design ("soft" budget): its expectation is
     (1 - compression_ratio) * n per head on average over the budget's scope, its realisation is in
@@ -75,6 +81,9 @@ class SamplingPress(BasePress):
         The scope of the budget: one scale for the whole model, one per layer, or one per head.
     seed : int, default 0
         Seed of the sampler: the same seed gives the same kept set.
+    bias_dtype : {"keys", "float32"}, default "keys"
+        Precision of the stored correction bias: the keys' dtype, or float32 (the corrected attention
+        then adds it in float32; measured in results/bench/bf16/, docs/method.md "Precision").
     """
 
     proposal: Proposal = field(default_factory=lambda: MinVarianceProposal(harmonic=True))
@@ -84,6 +93,7 @@ class SamplingPress(BasePress):
     correct: bool = True
     budget: str = "global"
     seed: int = 0
+    bias_dtype: str = "keys"
     stats: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     last_draw: Draw | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -92,6 +102,8 @@ class SamplingPress(BasePress):
             raise ValueError(f"compression_ratio must be in [0, 1), got {self.compression_ratio}")
         if not self.temperature > 0:  # also catches NaN
             raise ValueError(f"temperature must be > 0 (inf turns the correction off), got {self.temperature}")
+        if self.bias_dtype not in ("keys", "float32"):
+            raise ValueError(f"bias_dtype must be 'keys' or 'float32', got {self.bias_dtype!r}")
         if self.budget not in SCOPES:
             raise ValueError(f"budget must be one of {SCOPES}, got {self.budget!r}")
         if not isinstance(self.proposal, Proposal):
@@ -214,7 +226,8 @@ class SamplingPress(BasePress):
             lowest = torch.full(order.shape, torch.finfo(keys.dtype).min, dtype=torch.float32, device=keys.device)
             is_kept = torch.arange(n_stored, device=keys.device) < counts[..., None]
             weight = log_weight.gather(-1, order) / tau if tau != float("inf") else torch.zeros_like(lowest)
-            bias = torch.where(is_kept, weight, lowest).to(keys.dtype)
+            bias = torch.where(is_kept, weight, lowest)
+            bias = bias.to(keys.dtype) if self.bias_dtype == "keys" else bias
             correction.set_bias(module, bias, cache)
             kept.append(counts[0].tolist())
             stored.append(n_stored)
@@ -240,6 +253,8 @@ class SamplingPress(BasePress):
 
     @contextmanager
     def __call__(self, model: PreTrainedModel):
+        """Hook every attention layer of ``model`` for the prefills run inside the block; on a clean
+        exit, a prefill left without its eviction (it never reached the last layer) raises."""
         self._pending = {}
         try:
             with super().__call__(model):

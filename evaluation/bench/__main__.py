@@ -1,8 +1,9 @@
-"""CLI: ``python -m evaluation.bench {speed,budget,oracle,fidelity,shared-prefill,decompose} [--quick] ...``.
+"""CLI: ``python -m evaluation.bench {speed,budget,oracle,fidelity,shared-prefill,decompose,bf16} [--quick] ...``.
 
 Every bench package takes ``--quick``, ``--out`` (the output root; a bench writes into its own
 folder below it) and ``--model``, and its own options (``python -m evaluation.bench <name> --help``).
-``decompose`` (``evaluation/bench/decompose.py`` and ``decompose_report.py``) parses its own options.
+``decompose`` (``evaluation/bench/decompose.py`` and ``decompose_report.py``) and ``bf16``
+(``evaluation/bench/bf16.py``) parse their own options.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ COMMANDS = {
 }
 QUICK_INTO_SUBFOLDER = {"fidelity", "shared-prefill"}  # their --quick output goes to <out>/<folder>/quick
 # CLI name -> module with its own ``main(argv)`` and parser (``python -m evaluation.bench <name> --help``)
-OWN_PARSERS = {"decompose": "evaluation.bench.decompose"}
+OWN_PARSERS = {"decompose": "evaluation.bench.decompose", "bf16": "evaluation.bench.bf16"}
 
 
 def build_parser() -> argparse.ArgumentParser:
