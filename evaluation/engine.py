@@ -105,8 +105,8 @@ class Prefill:
         self.values = [layer.values for layer in self.full_cache.layers]
 
     def _reset_modules(self) -> None:
+        # AdaKV's mask lives on the modules; a SamplingPress's correction lives on its own cache
         for layer in self.layers:
-            correction.reset(layer.self_attn)
             layer.self_attn.masked_key_indices = None
 
     @torch.no_grad()

@@ -38,6 +38,8 @@ def run(model, press, ids, n_tokens=3):
             out = model(input_ids=ids, past_key_values=cache, logits_to_keep=1).logits
         for i in range(n_tokens):
             logits.append(out[0, -1])
+            if i == n_tokens - 1:
+                break
             out = model(input_ids=out.argmax(-1), past_key_values=cache,
                         position_ids=torch.tensor([[ids.shape[1] + i]])).logits
     return cache, torch.stack(logits) if logits else None

