@@ -192,7 +192,7 @@ class Compressed:
         an attention weight of exactly 0) becomes the dtype's lowest bias on the masked entries."""
         biases = []
         for layer, cache_layer in zip(layers, cache.layers):
-            bias, masked = correction.bias_of(layer.self_attn), getattr(layer.self_attn, "masked_key_indices", None)
+            bias, masked = correction.bias_of(layer.self_attn, cache), getattr(layer.self_attn, "masked_key_indices", None)
             if masked is not None:
                 keys = cache_layer.keys  # (b, H_kv, n, d)
                 bias = torch.zeros(keys.shape[:3], dtype=keys.dtype, device=keys.device)
@@ -286,7 +286,7 @@ def generate_batch(model, tokenizer, question_ids: torch.Tensor, items: list[Com
                 keep = (~done).nonzero().squeeze(1)
                 for layer, cache_layer in zip(layers, cache.layers):
                     cache_layer.select(keep)
-                    correction.set_bias(layer.self_attn, correction.bias_of(layer.self_attn)[keep], cache)
+                    correction.set_bias(layer.self_attn, correction.bias_of(layer.self_attn, cache)[keep], cache)
                 active, new = active[keep], new[keep]
             position_ids = torch.full((len(active), 1), position + i, device=device)
             logits = model(input_ids=new[:, None], past_key_values=cache, position_ids=position_ids).logits

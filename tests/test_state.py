@@ -11,6 +11,7 @@ import importlib.util
 import pytest
 import torch
 from conftest import random_ids, tiny_model
+from test_press import distinct_presses
 from kvpress import KVPressTextGenerationPipeline
 from transformers import DynamicCache
 
@@ -20,13 +21,11 @@ from kvpress_prob.press import language_model
 N = 96
 #: one prob press per proposal family: a kvpress scorer, pi_min-h, H2O
 FAMILIES = ("prob_snapkv", "prob_min_h", "prob_h2o")
-#: kvpress's AdaKV needs queries in a half-space, which random tiny models do not have (test_press.py)
-NAMES = [name for name in PRESSES if name != "adakv_snapkv"]
-#: every registry press after one of the families in turn, and h2o (whose eager prefill never
-#: reaches the wrapped attention functions: the issue's report) after each of them
-PAIRS = {family: NAMES[i :: len(FAMILIES)] for i, family in enumerate(FAMILIES)}
-for family in FAMILIES:
-    PAIRS[family] = sorted(set(PAIRS[family]) | {"h2o"}, key=NAMES.index)
+#: one registry name per kind of press (test_press.py; AdaKV needs queries in a half-space, which
+#: random tiny models do not have), each run after one of the families in turn, and h2o (whose eager
+#: prefill never reaches the wrapped attention functions: the issue's report) after each of them
+NAMES = distinct_presses()
+PAIRS = {family: sorted(set(NAMES[i :: len(FAMILIES)]) | {"h2o"}, key=NAMES.index) for i, family in enumerate(FAMILIES)}
 
 
 def run(model, press, ids, n_tokens=2):
