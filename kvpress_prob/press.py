@@ -83,7 +83,7 @@ class SamplingPress(BasePress):
         Seed of the sampler: the same seed gives the same kept set.
     bias_dtype : {"keys", "float32"}, default "keys"
         Precision of the stored correction bias: the keys' dtype, or float32 (the corrected attention
-        then adds it in float32; measured in results/bench/bf16/, docs/method.md "Precision").
+        then adds it in float32; docs/method.md, "Correction"; measured in results/bench/bf16/).
     """
 
     proposal: Proposal = field(default_factory=lambda: MinVarianceProposal(harmonic=True))
@@ -190,7 +190,7 @@ class SamplingPress(BasePress):
         )
 
     def score(self, *args, **kwargs):
-        """Refused: kvpress's wrappers that call ``score`` take a top-k of it (see ``WRAPPERS``)."""
+        """Refused: kvpress's wrappers that call ``score`` take a top-k of it (see ``REFUSED``)."""
         raise TypeError(refusal_message(calling_wrapper(self), "score"))
 
     def compress(self, *args, **kwargs):
@@ -200,8 +200,9 @@ class SamplingPress(BasePress):
     @torch.no_grad()
     def evict(self, cache: Cache, proposals: dict[nn.Module, torch.Tensor]) -> Draw:
         """Draw from ``proposals`` (attention module -> its pi (b, H_kv, n)), cut and pad those
-        layers of ``cache``, and install the log-weights / temperature on each module. Returns the
-        draw (also kept as ``last_draw``); fills ``stats``."""
+        layers of ``cache``, and give each of them its log-weights / temperature as the correction
+        bias (``correction.set_bias``: it belongs to ``cache``). Returns the draw (also kept as
+        ``last_draw``); fills ``stats``."""
         if not proposals:
             raise ValueError("evict needs the proposal of at least one layer")
         modules = sorted(proposals, key=lambda module: module.layer_idx)

@@ -1,5 +1,5 @@
 """bf16 correction bias: does storing the SNIS log-weights in bfloat16 change the model's output
-more than the sampling itself does? (issue 10, item 7; docs/method.md, "Precision")
+more than the sampling itself does? (issue 10, item 7; docs/method.md, "Correction")
 
 On the embedded model in bfloat16 on the CPU, every RULER example is prefilled once (the engine's
 ``Prefill``); for each prob press, ratio and seed the same draw is stored twice, with the bias in
