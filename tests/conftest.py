@@ -7,6 +7,13 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen3Conf
 VOCAB = 49152  # the embedded tokenizer's, so tiny models run through the kvpress pipeline
 
 
+def pytest_configure(config):
+    """One torch thread: the tests' models are small and run op by op, and on a loaded 2-core machine
+    OpenMP's synchronisation on every op dominates (the suite took 8 min 38 s on 2 threads, 2 min 43 s
+    on one, at a load average of 5)."""
+    torch.set_num_threads(1)
+
+
 def tiny_model(arch: str, dtype=torch.float32, layers: int = 3):
     """A randomly initialised model: 4 query heads, 2 KV heads (GQA), head_dim 16."""
     torch.manual_seed(0)
