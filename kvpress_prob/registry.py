@@ -196,7 +196,7 @@ PRESSES: dict[str, Callable[[float], BasePress]] = {
 #: The probabilistic press we recommend: the sampling press with the best development-split score
 #: averaged over r = 0.1, 0.25, 0.5, 0.75 (RULER data seed 0, 1024 tokens; README, "When does
 #: probabilistic eviction help?"). It is chosen on that split only.
-RECOMMENDED = "prob_knorm_block8"
+RECOMMENDED = "prob_tova_block8_priority"
 
 
 def _init_fields(obj) -> set[str]:

@@ -29,16 +29,6 @@ from kvpress_prob.press import language_model
 N = 96
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These tiny models run op by op: one thread spares OpenMP's synchronisation on every op, which
-    makes them tens of times faster on a loaded 2-core machine (the results do not depend on it)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def run(model, press, ids, n_tokens=3):
     """Prefill under ``press``, then greedy decoding after its ``with`` block (the pipeline's path).
     Returns (cache, logits of the prefill's last token and of each decoded step but the last, or None)."""

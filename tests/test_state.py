@@ -28,16 +28,6 @@ NAMES = distinct_presses()
 PAIRS = {family: sorted(set(NAMES[i :: len(FAMILIES)]) | {"h2o"}, key=NAMES.index) for i, family in enumerate(FAMILIES)}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These tiny models run op by op: one thread spares OpenMP's synchronisation on every op, which
-    makes them tens of times faster on a loaded 2-core machine (the results do not depend on it)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def run(model, press, ids, n_tokens=2):
     """The pipeline's path: prefill under the press, then greedy decoding after its ``with`` block.
     Returns (the cache, the logits of the prefill's last token and of each decoded step but the last)."""

@@ -6,12 +6,12 @@ from dataclasses import dataclass
 
 import torch
 
-from kvpress_prob.budget import scope_target, solve_threshold, threshold_inclusion
-from kvpress_prob.samplers.base import Draw, Sampler, check_ratio, top_by_rank
+from kvpress_prob.samplers.base import Draw, top_by_rank
+from kvpress_prob.samplers.threshold import ThresholdSampler
 
 
 @dataclass(kw_only=True)
-class PrioritySampler(Sampler):
+class PrioritySampler(ThresholdSampler):
     """Priority sampling (Duffield, Lund and Thorup, "Priority sampling for estimation of arbitrary
     subset sums", J. ACM 2007): u_i ~ U(0, 1], priority pi_i / u_i; each head keeps its k_h entries
     of largest priority, and with t the (k_h + 1)-th largest priority a kept entry weighs
@@ -27,20 +27,11 @@ class PrioritySampler(Sampler):
         Allocation floor, in [0, 1], as in ``ThresholdSampler``.
     """
 
-    min_keep: float = 0.0
-
-    def __post_init__(self):
-        if not 0.0 <= self.min_keep <= 1.0:
-            raise ValueError(f"min_keep must be in [0, 1], got {self.min_keep}")
-
     def __call__(self, pi, compression_ratio, scope, generator) -> Draw:
-        check_ratio(compression_ratio)
-        L, b, H, n = pi.shape
+        n = pi.shape[-1]
         pi = pi.double()
-        per_head = torch.full((L, b, H, 1), (1.0 - compression_ratio) * n, dtype=torch.float64, device=pi.device)
-        floor = solve_threshold(pi, self.min_keep * per_head, "head") if self.min_keep > 0 else torch.zeros_like(per_head)
-        c = torch.maximum(solve_threshold(pi, scope_target(per_head, scope), scope, floor).expand(L, b, H, 1), floor)
-        k = torch.floor(threshold_inclusion(pi, c).nan_to_num(1.0).sum(-1) + 1e-6).long().clamp(max=n)  # (L, b, H)
+        q, _ = self.inclusion(pi, compression_ratio, scope)
+        k = torch.floor(q.sum(-1) + 1e-6).long().clamp(max=n)  # (L, b, H)
         u = 1.0 - torch.rand(pi.shape, generator=generator, device=pi.device, dtype=torch.float64)  # (0, 1]
         priority = pi / u
         keep = top_by_rank(priority, k)

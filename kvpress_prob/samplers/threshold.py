@@ -32,17 +32,22 @@ class ThresholdSampler(Sampler):
         if not 0.0 <= self.min_keep <= 1.0:
             raise ValueError(f"min_keep must be in [0, 1], got {self.min_keep}")
 
-    def __call__(self, pi, compression_ratio, scope, generator) -> Draw:
+    def inclusion(self, pi: torch.Tensor, compression_ratio: float, scope: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q (L, b, H, n), c (L, b, H, 1)): the inclusion probabilities min(1, c pi) meeting the
+        budget over the scope, each head's c raised to its floor when ``min_keep`` > 0."""
         check_ratio(compression_ratio)
         L, b, H, n = pi.shape
-        pi = pi.double()
         per_head = torch.full((L, b, H, 1), (1.0 - compression_ratio) * n, dtype=torch.float64, device=pi.device)
         floor = None
         if self.min_keep > 0:
             floor = solve_threshold(pi, self.min_keep * per_head, "head")  # (L, b, H, 1)
         c = solve_threshold(pi, scope_target(per_head, scope), scope, floor)
         c = c.expand(L, b, H, 1) if floor is None else torch.maximum(c.expand(L, b, H, 1), floor)
-        q = threshold_inclusion(pi, c).nan_to_num(1.0)  # inf * pi: keep everything
+        return threshold_inclusion(pi, c).nan_to_num(1.0), c  # inf * pi: keep everything
+
+    def __call__(self, pi, compression_ratio, scope, generator) -> Draw:
+        pi = pi.double()
+        q, c = self.inclusion(pi, compression_ratio, scope)
         u = torch.rand(pi.shape, generator=generator, device=pi.device, dtype=torch.float64)
         keep = u < q
         log_weight = torch.where(keep, -torch.log(q), float("-inf"))
