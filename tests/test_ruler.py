@@ -15,10 +15,10 @@ from evaluation.datasets.ruler import (
     OFFLINE_TASKS,
     fit_size,
     generate_ruler,
-    load_ruler_hub,
     split_sentences,
     spread_examples,
 )
+from evaluation.datasets.ruler_hub import load_ruler_hub
 from kvpress_prob.models import embedded_model_path
 
 LENGTHS = (512, 1024)

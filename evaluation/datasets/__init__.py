@@ -111,7 +111,7 @@ def load_dataset_frame(
             load_fn=load_fn,
         )
     if name == "ruler-hub":
-        from evaluation.datasets.ruler import load_ruler_hub
+        from evaluation.datasets.ruler_hub import load_ruler_hub
 
         df = load_ruler_hub(context_length, fraction, random_state, load_fn=load_fn, tokenizer=tokenizer)
         return df if tasks is None else df[df["task"].isin(list(tasks))].reset_index(drop=True)

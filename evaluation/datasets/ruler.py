@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import random
 import re
-import string
 import uuid
 from dataclasses import dataclass
 from functools import lru_cache
@@ -35,7 +33,6 @@ import pandas as pd
 from evaluation.assets import ESSAYS, package_dir
 from evaluation.datasets import (
     FRAME_COLUMNS,
-    as_str_list,
     count_tokens,
     finalize_frame,
     tokenizer_fingerprint,
@@ -280,189 +277,6 @@ def _niah_builder(spec: NiahSpec) -> Callable[[random.Random, int], Example]:
     return build
 
 
-def _vt_chain(rng: random.Random, num_hops: int, name_len: int) -> tuple[list[str], list[str], str]:
-    """(variable names, chain lines, value) of one chain ``VAR A = 12345``, ``VAR B = VAR A``, ..."""
-    names = _distinct_names(rng, num_hops + 1, name_len)
-    value = str(rng.randint(10000, 99999))
-    lines = [f"VAR {names[0]} = {value}"] + [f"VAR {names[j + 1]} = VAR {names[j]}" for j in range(num_hops)]
-    return names, lines, value
-
-
-def _distinct_names(rng: random.Random, n: int, length: int) -> list[str]:
-    """``n`` distinct random upper-case names of ``length`` letters."""
-    names: list[str] = []
-    while len(names) < n:
-        name = "".join(rng.choices(string.ascii_uppercase, k=length))
-        if name not in names:
-            names.append(name)
-    return names
-
-
-def _vt_prompt(rng: random.Random, size: int, num_hops: int, name_len: int) -> tuple[str, list[str]]:
-    """Full variable-tracking prompt over ``size`` noise lines, and its answer (the chain's names)."""
-    names, chain, value = _vt_chain(rng, num_hops, name_len)
-    context = "\n".join(_insert_at_random_lines(rng, [NOISE] * size, chain))
-    return VT_TEMPLATE.format(context=context, query=value, num_v=num_hops + 1), names
-
-
-def _vt_builder(context_length: int, num_hops: int = 4) -> Callable[[random.Random, int], Example]:
-    """Builder of variable tracking (RULER variable_tracking.py: one chain of 4 hops, noise haystack)."""
-    icl_lines = min(12, context_length // 256)
-
-    def build(rng: random.Random, size: int) -> Example:
-        icl_text, icl_names = _vt_prompt(rng, icl_lines, num_hops, name_len=3)
-        text, names = _vt_prompt(rng, size, num_hops, name_len=5)
-        text = icl_text + " ".join(icl_names) + "\n\n" + text
-        return Example(*split_prompt("vt", text), names)
-
-    return build
-
-
-def _cwe_list(rng: random.Random, vocab: Sequence[str], n_words: int, common: int, uncommon: int):
-    """Numbered list ``1. w 2. w ...`` of ``n_words`` words, the first 10 repeated ``common`` times."""
-    words = rng.sample(list(vocab), n_words)
-    top, rest = words[:10], words[10:]
-    entries = top * common + rest * uncommon
-    rng.shuffle(entries)
-    return " ".join(f"{i + 1}. {w}" for i, w in enumerate(entries)), top
-
-
-def _cwe_builder(context_length: int) -> Callable[[random.Random, int], Example]:
-    """Builder of common words extraction (RULER common_words_extraction.py); size = distinct words."""
-    vocab = sorted(set(word_list("noun") + word_list("adjective") + word_list("verb")))
-    if context_length >= 4096:  # RULER's setting at 4096 and above
-        shot, (common, uncommon) = (40, 10, 3), (30, 3)
-    else:  # RULER's setting below 4096; below 1024 the few-shot example does not fit
-        shot, (common, uncommon) = ((20, 3, 1) if context_length >= 1024 else None), (6, 1)
-
-    def build(rng: random.Random, size: int) -> Example:
-        prefix = ""
-        if shot is not None:
-            shot_list, shot_top = _cwe_list(rng, vocab, *shot)
-            shot_answer = " ".join(f"{i + 1}. {w}" for i, w in enumerate(shot_top))
-            prefix = CWE_TEMPLATE.format(context=shot_list) + " " + shot_answer + "\n"
-        words, top = _cwe_list(rng, vocab, size, common, uncommon)
-        return Example(*split_prompt("cwe", prefix + CWE_TEMPLATE.format(context=words)), top)
-
-    return build
-
-
-ZETA_2 = math.pi**2 / 6  # Riemann zeta(2): normaliser of RULER's Zipf counts with alpha = 2
-
-
-def _fwe_builder(context_length: int, word_len: int = 6) -> Callable[[random.Random, int], Example]:
-    """Builder of frequent words extraction (RULER freq_words_extraction.py, alpha = 2); size = word budget."""
-    vocab_size = max(10, context_length // 50)
-
-    def build(rng: random.Random, size: int) -> Example:
-        vocab: set[str] = set()
-        while len(vocab) < vocab_size:
-            vocab.add("".join(rng.choices(string.ascii_lowercase, k=word_len)))
-        ranked = sorted(vocab)
-        rng.shuffle(ranked)
-        ranked[0] = "..."  # the most frequent "word" is noise, as in RULER
-        counts = [int(size * k**-2.0 / ZETA_2) for k in range(1, vocab_size + 1)]
-        words = [w for w, c in zip(ranked, counts) for _ in range(c)]
-        rng.shuffle(words)
-        text = FWE_TEMPLATE.format(context=" ".join(words))
-        return Example(*split_prompt("fwe", text), ranked[1:4])
-
-    return build
-
-
-# ------------------------------------------------------------------------------------------------
-# QA tasks (SQuAD v2, HotpotQA): need the Hugging Face hub
-# ------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class QAPool:
-    """Questions and documents of a QA dataset, as RULER's qa.py reads them."""
-
-    docs: list[str]  # sorted unique documents
-    questions: list[dict]  # {"query", "outputs": list[str], "gold": list[int], "more": list[int]}
-
-
-def _hub_error(what: str, err: Exception) -> RuntimeError:
-    return RuntimeError(
-        f"{what} needs the Hugging Face hub, which could not be reached ({type(err).__name__}: {err}). "
-        f"Offline RULER tasks: {', '.join(OFFLINE_TASKS)}."
-    )
-
-
-def _load_qa_pool(task: str, load_fn: Callable | None) -> QAPool:
-    """SQuAD v2 (qa_1) or HotpotQA distractor (qa_2) validation split as a ``QAPool``."""
-    if load_fn is None:
-        from datasets import load_dataset as load_fn
-    try:
-        if task == "qa_1":
-            rows = load_fn("rajpurkar/squad_v2", split="validation")
-        else:
-            rows = load_fn("hotpotqa/hotpot_qa", "distractor", split="validation")
-    except Exception as err:  # no network, missing dataset, ...
-        raise _hub_error(f"RULER task {task} (SQuAD v2 / HotpotQA)", err) from err
-    rows = rows.to_dict("records") if isinstance(rows, pd.DataFrame) else list(rows)
-    return _squad_pool(rows) if task == "qa_1" else _hotpot_pool(rows)
-
-
-def _squad_pool(rows: list[dict]) -> QAPool:
-    """RULER's read_squad on the HF ``squad_v2`` rows (answerable questions only)."""
-    docs = sorted({r["context"] for r in rows})
-    index = {d: i for i, d in enumerate(docs)}
-    by_title: dict[str, set[int]] = {}
-    for r in rows:
-        by_title.setdefault(r["title"], set()).add(index[r["context"]])
-    questions = []
-    for r in rows:
-        answers = as_str_list(r["answers"]["text"])
-        if answers:
-            gold = index[r["context"]]
-            more = sorted(by_title[r["title"]] - {gold})
-            questions.append({"query": r["question"], "outputs": answers, "gold": [gold], "more": more})
-    return QAPool(docs, questions)
-
-
-def _hotpot_docs(row: dict) -> list[str]:
-    """HotpotQA paragraphs of one row as ``title\\nsentences``."""
-    ctx = row["context"]
-    return [f"{t}\n{''.join(s)}" for t, s in zip(ctx["title"], ctx["sentences"])]
-
-
-def _hotpot_pool(rows: list[dict]) -> QAPool:
-    """RULER's read_hotpotqa on the HF ``hotpot_qa`` distractor rows."""
-    docs = sorted({d for r in rows for d in _hotpot_docs(r)})
-    index = {d: i for i, d in enumerate(docs)}
-    questions = [
-        {"query": r["question"], "outputs": [r["answer"]], "gold": [index[d] for d in _hotpot_docs(r)], "more": []}
-        for r in rows
-    ]
-    return QAPool(docs, questions)
-
-
-def _qa_builder(pool: QAPool, question_index: int) -> Callable[[random.Random, int], Example]:
-    """Builder of one QA example: its gold documents among ``size`` documents (RULER qa.py)."""
-    q = pool.questions[question_index]
-
-    def build(rng: random.Random, size: int) -> Example:
-        chosen = list(q["gold"])
-        more = list(q["more"])
-        rng.shuffle(more)
-        chosen += more[: max(0, size - len(chosen))]
-        taken = set(chosen)
-        while len(chosen) < min(size, len(pool.docs)):
-            i = rng.randrange(len(pool.docs))
-            if i not in taken:
-                taken.add(i)
-                chosen.append(i)
-        docs = [pool.docs[i] for i in chosen]
-        rng.shuffle(docs)
-        context = "\n\n".join(DOCUMENT.format(i=i + 1, document=d) for i, d in enumerate(docs))
-        text = QA_TEMPLATE.format(context=context, query=q["query"])
-        return Example(*split_prompt("qa", text), list(q["outputs"]))
-
-    return build
-
-
 # ------------------------------------------------------------------------------------------------
 # Filling to the target length
 # ------------------------------------------------------------------------------------------------
@@ -561,12 +375,16 @@ def _builders(task: str, context_length: int, count: int, seed: int, load_fn: Ca
     """One builder per example of ``task`` (QA examples differ by question, the others by seed only)."""
     if task in NIAH_SPECS:
         return [_niah_builder(NIAH_SPECS[task])] * count
+    from evaluation.datasets.ruler_words import _cwe_builder, _fwe_builder, _vt_builder
+
     if task == "vt":
         return [_vt_builder(context_length)] * count
     if task == "cwe":
         return [_cwe_builder(context_length)] * count
     if task == "fwe":
         return [_fwe_builder(context_length)] * count
+    from evaluation.datasets.ruler_hub import _load_qa_pool, _qa_builder  # the hub tasks
+
     pool = _load_qa_pool(task, load_fn)
     picks = random.Random(f"ruler-qa/{seed}/{task}").sample(range(len(pool.questions)), count)
     return [_qa_builder(pool, i) for i in picks]
@@ -682,47 +500,3 @@ def generate_ruler(
     if use_cache:
         write_frame_jsonl(df, path)
     return df
-
-
-def load_ruler_hub(
-    context_length: int = 4096,
-    fraction: float = 0.02,
-    random_state: int = 42,
-    *,
-    load_fn: Callable | None = None,
-    path: str | Path | None = None,
-    tokenizer: Any = None,
-) -> pd.DataFrame:
-    """kvpress' prebuilt RULER set, sampled as kvpress samples it.
-
-    Reads ``load_dataset("simonjegou/ruler", data_dir=str(context_length), split="test")`` (or
-    ``load_fn`` called the same way, or a local ``.parquet``/``.jsonl``/``.json`` file at ``path`` in the
-    hub's schema: context, question, answer_prefix, answer, task, max_new_tokens), then
-    ``df.sample(frac=fraction, random_state=random_state)`` (at 4096 tokens: 6500 rows -> 130, not
-    stratified). ``example_id`` is ``"{task}-{row index in the full set}"``; ``context_tokens`` is
-    added when a tokenizer is given. Rows keep the sample's order.
-    """
-    df = _read_hub_ruler(context_length, load_fn, path)
-    if fraction < 1.0:
-        df = df.sample(frac=fraction, random_state=random_state)
-    df = df.assign(example_id=[f"{t}-{i}" for t, i in zip(df["task"], df.index)])
-    if tokenizer is not None:
-        df["context_tokens"] = [count_tokens(tokenizer, c) for c in df["context"]]
-    return finalize_frame(df)
-
-
-def _read_hub_ruler(context_length: int, load_fn: Callable | None, path: str | Path | None) -> pd.DataFrame:
-    """The full hub split as a DataFrame with a 0..n-1 index."""
-    if path is not None:
-        path = Path(path)
-        if path.suffix == ".parquet":
-            return pd.read_parquet(path).reset_index(drop=True)
-        return pd.read_json(path, lines=path.suffix == ".jsonl", dtype=False).reset_index(drop=True)
-    if load_fn is None:
-        from datasets import load_dataset as load_fn
-    try:
-        data = load_fn(HUB_REPO, data_dir=str(context_length), split="test")
-    except Exception as err:
-        raise _hub_error(f"kvpress' RULER set {HUB_REPO}", err) from err
-    df = data if isinstance(data, pd.DataFrame) else data.to_pandas()
-    return df.reset_index(drop=True)
