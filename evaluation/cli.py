@@ -156,7 +156,7 @@ def cmd_compare(args) -> str:
     from evaluation.store import load_results, write_atomic
 
     files = [f for root in map(Path, args.results) for f in (sorted(root.glob("*.jsonl")) if root.is_dir() else [root])]
-    text = markdown(load_results(*files), args.split)
+    text = markdown(load_results(*files), args.split, presses=args.presses)
     if args.out:
         write_atomic(Path(args.out), text)
     print(text)
@@ -329,6 +329,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--results", nargs="+", required=True, help="results folders or .jsonl files (one split)")
     c.add_argument("--split", required=True, choices=["development", "test"], help="which split the results are")
     c.add_argument("--out", default=None, help="markdown file to write (unset: print only)")
+    c.add_argument("--presses", nargs="+", default=None,
+                   help="only these presses, on the examples every one of them completed (unset: all)")
 
     presets = "; ".join(f"{k}: {', '.join(v['presses'])}" for k, v in PRESETS.items())
     rp = add("reproduce", "run a preset end to end and report it", epilog=_wrapped(f"presets (evaluation/presets.py): {presets}"))

@@ -84,10 +84,24 @@ def _difference_cells(diff: pd.DataFrame, order: list[str], best: dict[float, st
     return wide
 
 
-def markdown(df: pd.DataFrame, split: str, title: str = "Probabilistic presses vs the best top-k") -> str:
+def shared_examples(df: pd.DataFrame, presses: list[str]) -> pd.DataFrame:
+    """The rows of ``presses`` (and the full cache) on the examples where every one of them has a
+    result at every ratio it was run at: a paired comparison of exactly the same examples."""
+    df = df[df["press"].isin([REFERENCE, *presses])]
+    cells = df.groupby("example_id").apply(lambda g: set(zip(g["press"], g["compression_ratio"])), include_groups=False)
+    wanted = set().union(*cells) if len(cells) else set()
+    keep = cells[cells.map(lambda c: c >= wanted)].index
+    return df[df["example_id"].isin(keep)]
+
+
+def markdown(df: pd.DataFrame, split: str, title: str = "Probabilistic presses vs the best top-k",
+             presses: list[str] | None = None) -> str:
     """The comparison as markdown: scores, the best top-k, paired differences, win scores; presses
-    run on fewer examples than the others (stopped early) get their own rows, on their examples."""
+    run on fewer examples than the others (stopped early) get their own rows, on their examples.
+    With ``presses``, only those, on the examples all of them completed."""
     df = prepare(df)
+    if presses:
+        df = shared_examples(df, presses)
     topk, prob = kinds(df["press"].unique())
     df, early = complete(df[df["press"].isin([REFERENCE, *topk, *prob])])
     early_topk, early_prob = kinds(early["press"].unique())

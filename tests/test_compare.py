@@ -50,3 +50,14 @@ def test_difference_is_paired_on_seed_means():
 def test_markdown_names_the_split_and_the_champion():
     text = markdown(frame(), "test")
     assert "(test split)" in text and "vs knorm" in text and "vs tova" in text and "Win scores" in text
+
+
+def test_shared_examples_keep_only_examples_every_press_completed():
+    from evaluation.aggregate import prepare
+    from evaluation.compare import shared_examples
+
+    df = prepare(frame())
+    df = df[~((df["press"] == "knorm") & (df["example_id"] == "e3"))]  # knorm missing on one example
+    shared = shared_examples(df, ["tova", "knorm", "prob_tova"])
+    assert sorted(shared["example_id"].unique()) == sorted(f"e{i}" for i in range(10) if i != 3)
+    assert set(shared["press"]) == {"tova", "knorm", "prob_tova", "full"}
