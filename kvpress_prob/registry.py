@@ -4,7 +4,8 @@ Top-k baselines (kvpress): streaming_llm, snapkv, tova, h2o (ObservedAttentionPr
 attention, switched and restored by the press), knorm, adakv_snapkv (AdaKV over SnapKV).
 Probabilistic (SamplingPress): prob_<baseline> sample from the baseline's scores (prob_h2o from
 the same cumulative attention recomputed on sdpa), prob_min / prob_min_h (pi_min, pi_min-h),
-prob_h2o_h; every prob press has an uncorrected ablation ``<name>_nocorr``.
+prob_h2o_h; each of these (and the beyond-the-paper ones below) has an uncorrected ablation
+``<name>_nocorr``; for any other sampling press pass ``correct=False``.
 topk_min_h: pi_min-h kept by top-k under the same global allocation (TopKSampler).
 Beyond the paper: prob_min_c (pi_min centred), prob_min_h_strata (alpha = 0.5), prob_min_h_coord
 (coordinated sampling), prob_min_h_shared (one proposal shared by a layer's heads),
