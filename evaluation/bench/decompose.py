@@ -27,7 +27,6 @@ from pathlib import Path
 
 import torch
 from kvpress import KVPressTextGenerationPipeline
-from tqdm.auto import tqdm
 
 from evaluation.engine import Prefill
 from evaluation.runner import Config, run
