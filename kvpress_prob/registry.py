@@ -42,7 +42,9 @@ from kvpress_prob.proposals import H2OProposal, MinVarianceProposal, ScorePropos
 from kvpress_prob.samplers import PoissonSampler, Sampler, TopKSampler
 from kvpress_prob.samplers.block import BlockSampler
 from kvpress_prob.samplers.priority import PrioritySampler
+from kvpress_prob.samplers.stratified import StratifiedSampler
 from kvpress_prob.samplers.threshold import ThresholdSampler
+from kvpress_prob.summary import Summary, summarised
 
 
 @dataclass
@@ -88,6 +90,7 @@ SAMPLERS: dict[str, Callable[[], Sampler]] = {
     "threshold": ThresholdSampler,
     "priority": PrioritySampler,
     "block": BlockSampler,
+    "stratified": StratifiedSampler,
 }
 
 BASELINES: dict[str, Callable[[float], BasePress]] = {
@@ -178,6 +181,44 @@ _DESIGNS: dict[str, Callable[[float], SamplingPress]] = {
     "prob_expected_attention_block8": _sampling(_expected_attention, lambda: BlockSampler(size=8)),
 }
 
+def _with_summary(factory: Callable[[float], BasePress], **summary) -> Callable[[float], BasePress]:
+    return lambda ratio: summarised(factory(ratio), Summary(**summary))
+
+
+def _hybrid(proposal_factory: Callable, alpha: float, design: str = "priority", budget: str = "head"):
+    return _sampling(proposal_factory, lambda: BlockSampler(size=8, inner=StratifiedSampler(alpha=alpha, design=design)),
+                     budget=budget)
+
+
+_TOPK_BLOCK8 = {
+    "topk_tova_block8": _sampling(_tova, lambda: BlockSampler(size=8, inner=TopKSampler()), budget="head"),
+    "topk_keydiff_block8": _sampling(_keydiff, lambda: BlockSampler(size=8, inner=TopKSampler()), budget="head"),
+}
+
+#: Stratified hybrids (issue 16): blocks of 8, each head's top alpha of its allocation exactly, the rest
+#: sampled (priority unless named) with HT weights; a per-head budget unless named ``_global``.
+HYBRIDS: dict[str, Callable[[float], SamplingPress]] = {
+    **{f"hybrid_{name}_block8_a{int(alpha * 100)}": _hybrid(proposal, alpha)
+       for name, proposal in [("keydiff", _keydiff), ("tova", _tova), ("expected_attention", _expected_attention)]
+       for alpha in (0.5, 0.75, 0.9)},
+    "hybrid_keydiff_block8_a75_threshold": _hybrid(_keydiff, 0.75, design="threshold"),
+    "hybrid_keydiff_block8_a75_global": _hybrid(_keydiff, 0.75, budget="global"),
+}
+
+#: Evicted-set summaries (issue 16; ``kvpress_prob.summary``): ``<press>_sum<c>`` keeps c fewer real entries
+#: per head and stores c virtual ones (k-means of the evicted keys; ``_seg``: position segments), log-weight
+#: log(tau count) with tau = 1 unless named ``_tau<tau>``.
+SUMMARIES: dict[str, Callable[[float], BasePress]] = {
+    **{f"{name}_sum{c}": _with_summary(STRONGER.get(name) or BASELINES[name], n_virtual=c)
+       for name in ("keydiff", "tova", "knorm") for c in (1, 4, 16, 64)},
+    **{f"keydiff_sum{c}_seg": _with_summary(STRONGER["keydiff"], n_virtual=c, grouping="segments") for c in (1, 4, 16, 64)},
+    **{f"{name}_sum{c}_tau{tau}": _with_summary(STRONGER.get(name) or BASELINES[name], n_virtual=c, weight=tau)
+       for name in ("keydiff", "tova", "knorm") for c in (4, 16) for tau in (0.5, 0.1)},
+    **{f"{name}_sum4": _with_summary(factory, n_virtual=4) for name, factory in _TOPK_BLOCK8.items()},
+    **{f"{name}_sum4": _with_summary(HYBRIDS[name], n_virtual=4)
+       for name in ("hybrid_keydiff_block8_a75", "hybrid_keydiff_block8_a75_global")},
+}
+
 PRESSES: dict[str, Callable[[float], BasePress]] = {
     **BASELINES,
     **STRONGER,
@@ -190,6 +231,8 @@ PRESSES: dict[str, Callable[[float], BasePress]] = {
     "topk_keydiff_block8": _sampling(_keydiff, lambda: BlockSampler(size=8, inner=TopKSampler()), budget="head"),
     **_PROB,
     **_DESIGNS,
+    **HYBRIDS,
+    **SUMMARIES,
     **{f"{name}_nocorr": _uncorrected(factory) for name, factory in _PROB.items()},
 }
 

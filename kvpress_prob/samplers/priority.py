@@ -32,11 +32,20 @@ class PrioritySampler(ThresholdSampler):
         pi = pi.double()
         q, _ = self.inclusion(pi, compression_ratio, scope)
         k = torch.floor(q.sum(-1) + 1e-6).long().clamp(max=n)  # (L, b, H)
-        u = 1.0 - torch.rand(pi.shape, generator=generator, device=pi.device, dtype=torch.float64)  # (0, 1]
-        priority = pi / u
-        keep = top_by_rank(priority, k)
-        ranked = priority.sort(dim=-1, descending=True).values
-        t = ranked.gather(-1, k.clamp(max=n - 1)[..., None])  # (L, b, H, 1): the (k + 1)-th priority
-        t = torch.where(k[..., None] >= n, torch.zeros_like(t), t)  # everything kept: weight 1
-        log_weight = torch.where(keep, torch.log(torch.maximum(pi, t)) - torch.log(pi), float("-inf"))
+        keep, log_weight = priority_draw(pi, k, generator)
         return Draw(keep=keep, log_weight=log_weight.float(), stats={"kept_per_head": k[:, 0].tolist()})
+
+
+def priority_draw(pi: torch.Tensor, k: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Priority sampling of k (...,) entries per head from pi (..., n) float64 (entries with pi = 0
+    are never kept while k does not exceed the positive ones): (keep (..., n) bool, log-weights
+    (..., n) float64, log(max(pi_i, t) / pi_i) where kept and -inf elsewhere)."""
+    n = pi.shape[-1]
+    u = 1.0 - torch.rand(pi.shape, generator=generator, device=pi.device, dtype=torch.float64)  # (0, 1]
+    priority = pi / u
+    keep = top_by_rank(priority, k) & (pi > 0)
+    ranked = priority.sort(dim=-1, descending=True).values
+    t = ranked.gather(-1, k.clamp(max=n - 1)[..., None])  # (..., 1): the (k + 1)-th priority
+    t = torch.where(k[..., None] >= n, torch.zeros_like(t), t)  # everything kept: weight 1
+    log_weight = torch.where(keep, torch.log(torch.maximum(pi, t)) - torch.log(pi), float("-inf"))
+    return keep, log_weight

@@ -1,0 +1,71 @@
+"""Stratified hybrids: each head's top units kept exactly, the rest sampled with HT weights."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvpress_prob.budget import solve_threshold, threshold_inclusion
+from kvpress_prob.samplers.base import Draw, renormalise, top_by_rank
+from kvpress_prob.samplers.priority import priority_draw
+from kvpress_prob.samplers.threshold import ThresholdSampler
+
+DESIGNS = ("priority", "threshold")
+
+
+@dataclass(kw_only=True)
+class StratifiedSampler(ThresholdSampler):
+    """Exact top stratum plus a sampled rest (beyond the paper; the heavy-hitters-plus-sample
+    estimators of vAttention, 2025, and of stratified survey sampling).
+
+    Each head's allocation k_h is threshold sampling's expected count over the budget's scope (as
+    ``ThresholdSampler``; int((1 - r) n) with ``budget="head"``). Its round(alpha k_h) units of
+    largest pi are kept with weight 1; the remaining k_h - round(alpha k_h) are drawn from the other
+    units by ``design`` on pi restricted to them, with Horvitz-Thompson weights: "priority" keeps
+    exactly that many (weights max(pi, t) / pi), "threshold" keeps them in expectation (1 / q_i).
+    So sum_kept w_i f_i is unbiased for sum_i f_i (E[w_i 1{i kept}] = 1 for every unit).
+
+    Parameters
+    ----------
+    alpha : float, default 0.75
+        Fraction of each head's allocation kept exactly, in [0, 1). 0 is the design alone.
+    design : {"priority", "threshold"}, default "priority"
+        The sampler of the rest.
+    min_keep : float, default 0.0
+        Allocation floor, as in ``ThresholdSampler``.
+    """
+
+    alpha: float = 0.75
+    design: str = "priority"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not 0.0 <= self.alpha < 1.0:
+            raise ValueError(f"alpha must be in [0, 1) (a full top-k is TopKSampler), got {self.alpha}")
+        if self.design not in DESIGNS:
+            raise ValueError(f"design must be one of {DESIGNS}, got {self.design!r}")
+
+    def __call__(self, pi, compression_ratio, scope, generator) -> Draw:
+        n = pi.shape[-1]
+        pi = pi.double()
+        q, _ = self.inclusion(pi, compression_ratio, scope)
+        allocation = q.sum(-1)  # (L, b, H): expected kept units per head
+        if self.design == "priority":
+            allocation = torch.floor(allocation + 1e-6)
+        exact = torch.round(self.alpha * allocation).long()  # (L, b, H)
+        top = top_by_rank(pi, exact)
+        rest = renormalise(pi, ~top)  # (L, b, H, n), 0 on the exact stratum
+        target = (allocation - exact).clamp_min(0)  # (L, b, H)
+        if self.design == "priority":
+            sampled, log_w = priority_draw(rest, target.long().clamp(max=n), generator)
+        else:
+            c = solve_threshold(rest, target[..., None], "head")
+            q_rest = threshold_inclusion(rest, c).nan_to_num(1.0)
+            u = torch.rand(pi.shape, generator=generator, device=pi.device, dtype=torch.float64)
+            sampled = (u < q_rest) & (rest > 0)
+            log_w = -torch.log(q_rest)
+        keep = top | sampled
+        log_weight = torch.where(top, 0.0, torch.where(sampled, log_w, float("-inf")))
+        return Draw(keep=keep, log_weight=log_weight.float(),
+                    stats={"exact_per_head": exact[:, 0].tolist(), "alpha": self.alpha})

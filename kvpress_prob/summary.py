@@ -1,0 +1,255 @@
+"""Evicted-set summaries: c virtual entries per (layer, KV head) that stand for the evicted entries.
+
+After eviction each head's evicted entries are split into c groups, by contiguous position
+segments or by k-means of their keys (as cached, after RoPE). Group g becomes one virtual entry
+(count N_g, key mean mu_g, value mean nu_g) that the decode-time correction adds to the softmax
+with log-weight log(weight * N_g): it stands for N_g entries whose scores are all q . mu_g / sqrt d
+(docs/method.md, "Evicted-set summaries"). ``weight`` (tau in (0, 1]) tempers the summary from
+"absent" (tau -> 0) to the full count (tau = 1). A kept entry that carried an importance weight
+w_i (a sampled press) gets 1 + (1 - tau)(w_i - 1): at tau = 1 the summary, not the extrapolation
+of the kept entries, stands for the evicted mass, so the expected total count is n at every tau.
+
+Equal memory: the c virtual entries are stored like real ones (a key and a value each), so a press
+with a summary keeps c fewer real entries per head than its compression ratio allows.
+
+Two presses carry a summary, because kvpress's presses are not ours to give a field:
+- ``SummaryPress`` wraps a kvpress ``ScorerPress`` (top-k per head, kvpress's count): it keeps the
+  top (1 - r) n - c entries by the scorer's scores and summarises the rest, layer by layer;
+- ``SummarySamplingPress`` is a ``SamplingPress`` with a ``summary`` field: it draws with
+  c / n more compression, then summarises what the draw evicted (its ``evict`` is the public API the
+  evaluation engine replays).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+import torch.nn.functional as F
+from kvpress import ScorerPress
+from kvpress.presses.base_press import BasePress
+from torch import nn
+from transformers import Cache, PreTrainedModel
+
+from kvpress_prob import correction
+from kvpress_prob.press import SamplingPress
+
+GROUPINGS = ("kmeans", "segments")
+
+
+@dataclass
+class Summary:
+    """How the evicted entries of each (layer, KV head) become c virtual entries.
+
+    Parameters
+    ----------
+    n_virtual : int, default 4
+        c >= 1: virtual entries per KV head (each charged against the budget as one entry).
+    grouping : {"kmeans", "segments"}, default "kmeans"
+        "segments": the evicted entries in position order, cut into c runs of equal count;
+        "kmeans": k-means of their keys, started from the segments' means, ``iterations`` Lloyd steps
+        (deterministic: no random start).
+    weight : float, default 1.0
+        tau in (0, 1]: a virtual entry's log-weight is log(tau * count).
+    iterations : int, default 8
+        Lloyd steps of the k-means (>= 0).
+    """
+
+    n_virtual: int = 4
+    grouping: str = "kmeans"
+    weight: float = 1.0
+    iterations: int = 8
+
+    def __post_init__(self):
+        if not (isinstance(self.n_virtual, int) and self.n_virtual >= 1):
+            raise ValueError(f"n_virtual must be an integer >= 1, got {self.n_virtual!r}")
+        if self.grouping not in GROUPINGS:
+            raise ValueError(f"grouping must be one of {GROUPINGS}, got {self.grouping!r}")
+        if not 0.0 < self.weight <= 1.0:
+            raise ValueError(f"weight (tau) must be in (0, 1], got {self.weight}")
+        if self.iterations < 0:
+            raise ValueError(f"iterations must be >= 0, got {self.iterations}")
+
+    def groups(self, keys: torch.Tensor, evicted: torch.Tensor) -> torch.Tensor:
+        """Group of each entry (b, H, n) long in [0, c), c where not evicted. keys (b, H, n, d)."""
+        c = self.n_virtual
+        rank = evicted.long().cumsum(-1) - 1  # rank of an evicted entry among its head's evicted ones
+        total = evicted.sum(-1, keepdim=True).clamp_min(1)  # (b, H, 1)
+        group = torch.where(evicted, rank * c // total, torch.full_like(rank, c))  # segments of equal count
+        if self.grouping == "segments":
+            return group
+        x = keys.float()
+        centroids, count = _means(x, group, c)  # (b, H, c, d), (b, H, c)
+        for _ in range(self.iterations):
+            distance = torch.cdist(x, centroids).square()  # (b, H, n, c)
+            distance = distance.masked_fill(count[..., None, :] == 0, float("inf"))  # an empty group attracts nothing
+            group = torch.where(evicted, distance.argmin(-1), torch.full_like(group, c))
+            new, count = _means(x, group, c)
+            centroids = torch.where(count[..., None] > 0, new, centroids)
+        return group
+
+    def summarise(self, keys: torch.Tensor, values: torch.Tensor, evicted: torch.Tensor):
+        """(count (b, H, c) float32, key means (b, H, c, d), value means (b, H, c, d)) of the evicted
+        entries (``evicted`` (b, H, n) bool) of keys, values (b, H, n, d); means in the keys' dtype."""
+        group = self.groups(keys, evicted)
+        key_mean, count = _means(keys.float(), group, self.n_virtual)
+        value_mean, _ = _means(values.float(), group, self.n_virtual)
+        return count, key_mean.to(keys.dtype), value_mean.to(values.dtype)
+
+    def log_weights(self, count: torch.Tensor, kept_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(kept entries' bias (b, H, S), virtual entries' bias (b, H, c)), float32.
+
+        kept_bias: log w_i of the kept entries (0 for top-k), the lowest value on padding; a kept
+        entry becomes log(1 + (1 - tau)(w_i - 1)). A virtual entry: log(tau * count), the lowest
+        float32 where its group is empty."""
+        lowest = torch.finfo(torch.float32).min
+        kept_bias = kept_bias.float()
+        padding = kept_bias < -1e4  # padding: any dtype's lowest value (log-weights are far above)
+        w = kept_bias.clamp(max=80.0).exp()
+        kept = torch.log1p((1.0 - self.weight) * (w - 1.0))
+        kept = torch.where(padding, torch.full_like(kept, lowest), kept)
+        virtual = torch.where(count > 0, torch.log(self.weight * count.clamp_min(1.0)), torch.full_like(count, lowest))
+        return kept, virtual
+
+
+def _means(x: torch.Tensor, group: torch.Tensor, c: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-group means (b, H, c, d) of x (b, H, n, d) and counts (b, H, c); group c = no group."""
+    onehot = F.one_hot(group, c + 1)[..., :c].to(x.dtype)  # (b, H, n, c)
+    count = onehot.sum(-2)  # (b, H, c)
+    total = onehot.transpose(-1, -2) @ x  # (b, H, c, d)
+    return total / count.clamp_min(1.0)[..., None], count
+
+
+def attach(module: nn.Module, cache: Cache, summary: Summary, keys: torch.Tensor, values: torch.Tensor,
+           evicted: torch.Tensor, kept_bias: torch.Tensor | None, bias_dtype: torch.dtype) -> int:
+    """Append the summary of ``evicted`` (b, H, n) of the full keys, values (b, H, n, d) to layer
+    ``module.layer_idx`` of ``cache`` (already cut to its S kept entries, ``kept_bias`` (b, H, S) or
+    None for weight 1) and give that layer the bias of [kept | virtual]. Returns c."""
+    layer = cache.layers[module.layer_idx]
+    count, key_mean, value_mean = summary.summarise(keys, values, evicted)
+    if kept_bias is None:
+        kept_bias = torch.zeros(layer.keys.shape[:3], dtype=torch.float32, device=keys.device)
+    kept, virtual = summary.log_weights(count, kept_bias)
+    layer.keys = torch.cat([layer.keys, key_mean.to(layer.keys.dtype)], dim=2).contiguous()
+    layer.values = torch.cat([layer.values, value_mean.to(layer.values.dtype)], dim=2).contiguous()
+    bias = torch.cat([kept, virtual], dim=-1)
+    if bias_dtype != torch.float32:
+        bias = bias.clamp_min(torch.finfo(bias_dtype).min).to(bias_dtype)
+    correction.set_bias(module, bias, cache)
+    return summary.n_virtual
+
+
+@dataclass
+class SummaryPress(BasePress):
+    """kvpress top-k with an evicted-set summary (beyond the paper; docs/method.md, "Evicted-set
+    summaries"; cluster and moment summaries of evicted KV entries as in SubGen, Zandieh et al. 2024).
+
+    Each head keeps the top int((1 - r) n) - c entries by ``press.score`` (kvpress's count minus the
+    c virtual entries, so the cache holds as many entries as ``press`` alone) and stores c virtual
+    entries summarising the rest, weighted at decode by the correction's bias.
+
+    Parameters
+    ----------
+    press : kvpress ScorerPress
+        The scorer; its ``compression_ratio`` is the budget (virtual entries included).
+    summary : Summary, default Summary()
+        Count of virtual entries, grouping and tempering weight.
+    """
+
+    press: ScorerPress = None
+    summary: Summary = field(default_factory=Summary)
+
+    def __post_init__(self):
+        if not isinstance(self.press, ScorerPress):
+            raise TypeError(f"press must be a kvpress ScorerPress, got {type(self.press).__name__}")
+        if not isinstance(self.summary, Summary):
+            raise TypeError(f"summary must be a Summary, got {type(self.summary).__name__}")
+
+    @property
+    def compression_ratio(self) -> float:
+        return self.press.compression_ratio
+
+    @compression_ratio.setter
+    def compression_ratio(self, value: float) -> None:
+        self.press.compression_ratio = value
+
+    def post_init_from_model(self, model: PreTrainedModel):
+        self.press.post_init_from_model(model)
+
+    def compress(self, module, hidden_states, keys, values, attentions, kwargs):
+        if self.compression_ratio == 0:
+            return keys, values
+        n, c = keys.shape[2], self.summary.n_virtual
+        n_real = int(n * (1 - self.compression_ratio)) - c
+        if n_real < 1:
+            raise ValueError(
+                f"n_virtual = {c} leaves {n_real} real entries of the {int(n * (1 - self.compression_ratio))} "
+                f"the budget allows ({n} tokens, compression_ratio {self.compression_ratio}): lower n_virtual"
+            )
+        scores = self.press.score(module, hidden_states, keys, values, attentions, kwargs)  # (b, H, n)
+        index = scores.topk(n_real, dim=-1).indices.sort(dim=-1).values  # (b, H, n_real), in prefix order
+        evicted = torch.ones_like(scores, dtype=torch.bool).scatter_(-1, index, False)
+        gather = index[..., None].expand(-1, -1, -1, keys.shape[-1])
+        cache = kwargs["past_key_values"]
+        layer = cache.layers[module.layer_idx]
+        layer.keys, layer.values = keys.gather(2, gather), values.gather(2, gather)
+        attach(module, cache, self.summary, keys, values, evicted, None, keys.dtype)
+        return layer.keys, layer.values
+
+
+@dataclass
+class SummarySamplingPress(SamplingPress):
+    """A ``SamplingPress`` whose evicted entries are summarised (docs/method.md, "Evicted-set
+    summaries"): it draws with compression ratio r + c / n, so that the kept entries plus the c
+    virtual ones per head meet the budget r, then appends each head's summary to the cache.
+    Every parameter of ``SamplingPress``, plus:
+
+    Parameters
+    ----------
+    summary : Summary, default Summary()
+        Count of virtual entries, grouping and tempering weight (tau also tempers the kept
+        entries' importance weights, see ``Summary.log_weights``).
+    """
+
+    summary: Summary = field(default_factory=Summary)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not isinstance(self.summary, Summary):
+            raise TypeError(f"summary must be a Summary, got {type(self.summary).__name__}")
+
+    @torch.no_grad()
+    def evict(self, cache, proposals):
+        modules = sorted(proposals, key=lambda module: module.layer_idx)
+        full = {m: (cache.layers[m.layer_idx].keys, cache.layers[m.layer_idx].values) for m in modules}
+        n, c = full[modules[0]][0].shape[2], self.summary.n_virtual
+        ratio = self.compression_ratio + c / n
+        if ratio >= 1.0:
+            raise ValueError(f"n_virtual = {c} exceeds the budget (1 - {self.compression_ratio}) * {n}: lower n_virtual")
+        drawn = replace(self, compression_ratio=ratio)  # a SamplingPress that draws and cuts with c / n more eviction
+        draw = SamplingPress.evict(drawn, cache, proposals)
+        for index, module in enumerate(modules):
+            keys, values = full[module]
+            kept_bias = correction.bias_of(module, cache)
+            dtype = keys.dtype if self.bias_dtype == "keys" else torch.float32
+            attach(module, cache, self.summary, keys, values, ~draw.keep[index], kept_bias, dtype)
+        self.last_draw = draw
+        stats = dict(drawn.stats)
+        virtual = len(modules) * draw.keep.shape[2] * c
+        stats["virtual"] = c
+        stats["realised_ratio"] = 1.0 - ((1.0 - stats["realised_ratio"]) * len(modules) * draw.keep.shape[2] * n
+                                         + virtual) / (len(modules) * draw.keep.shape[2] * n)
+        stats["stored"] = [s + c for s in stats["stored"]]
+        self.stats = stats
+        return draw
+
+
+def summarised(press: BasePress, summary: Summary) -> BasePress:
+    """``press`` with an evicted-set summary: a ``SummarySamplingPress`` for a ``SamplingPress``,
+    a ``SummaryPress`` around a kvpress ``ScorerPress``."""
+    if isinstance(press, SamplingPress):
+        fields = {name: getattr(press, name) for name in
+                  ("proposal", "sampler", "compression_ratio", "temperature", "correct", "budget", "seed", "bias_dtype")}
+        return SummarySamplingPress(**fields, summary=summary)
+    return SummaryPress(press=press, summary=summary)
+
