@@ -44,3 +44,4 @@ def test_same_seed_same_draw_and_bad_input():
         StratifiedSampler(alpha=1.0)
     with pytest.raises(ValueError, match="design"):
         StratifiedSampler(design="poisson")
+

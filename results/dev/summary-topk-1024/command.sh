@@ -1,0 +1,3 @@
+# development split (data seed 0, first example of each of 8 tasks, 1024 tokens), from a snapshot of commit bdd0c34
+# top-k presses with and without an evicted-set summary (deterministic: one run each)
+OMP_NUM_THREADS=1 python -m evaluation run --context-length 1024 --data-seed 0 --n-examples 8 --tasks niah_single_1 niah_single_2 niah_single_3 niah_multikey_2 niah_multikey_3 niah_multivalue niah_multiquery fwe --ratios 0.25 0.5 0.75 0.9 --decode-batch 48 --presses keydiff keydiff_sum4 keydiff_sum16 keydiff_sum4_tau0.5 keydiff_sum4_tau0.1 tova tova_sum4 knorm knorm_sum4 topk_keydiff_block8 topk_keydiff_block8_sum4 topk_tova_block8 expected_attention --out results/dev/summary-topk-1024
