@@ -143,7 +143,9 @@ class Prefill:
         press.post_init_from_model(self.model)
         memo = self.proposals.setdefault(repr(press.proposal), {})  # after post_init: a scorer's ratio is in it
         proposals = {}
+        rotary = language_model(self.model).rotary_emb
         for module, kwargs in self.inputs:
+            module.rotary_emb = rotary  # as kvpress's press context sets it (ExpectedAttention's scores read it)
             if module.layer_idx not in memo:  # proposals only read the cache
                 memo[module.layer_idx] = press.propose(module, {**kwargs, "past_key_values": self.full_cache})
             proposals[module] = memo[module.layer_idx]

@@ -137,7 +137,8 @@ def test_summary_presses_in_pipeline_runner_and_batch(arch, tmp_path, tokenizer)
     summary bias) gives the kvpress pipeline's answers."""
     model = tiny_model(arch)
     model.generation_config.eos_token_id = 2
-    names = ["keydiff_sum4", "topk_keydiff_block8_sum4", "hybrid_keydiff_block8_a75_sum4"]
+    # the ExpectedAttention proposal first: no top-k replay has set the modules' rotary_emb before it
+    names = ["hybrid_expected_attention_block8_a75", "keydiff_sum4", "topk_keydiff_block8_sum4", "hybrid_keydiff_block8_a75_sum4"]
     configs = configurations(names + ["keydiff"], [0.5], [0])
     kwargs = dict(model_name="tiny", dataset="ruler", data_dir="64", progress=False)
     one, many = ResultStore(tmp_path / "one.jsonl"), ResultStore(tmp_path / "many.jsonl")
