@@ -1,3 +1,6 @@
-# development split (data seed 0, first example of each of 8 tasks, 1024 tokens), from a snapshot of commit bdd0c34
-# attention-level screen of the evicted-set summaries: relative attention-output error and teacher-forced KL (no decoding)
+# development split (data seed 0, first example of each of 8 tasks, 1024 tokens), from snapshots of commit bdd0c34 (first command) and 23f046a (second; the summary code is the same)
+# attention-level screen of the evicted-set summaries: relative attention-output error and teacher-forced KL (no decoding).
+# The first command ran on the first example (niah_single_1-0) and part of the second, then was stopped for compute;
+# the second finishes the screen on the other examples with fewer presses and ratios.
 OMP_NUM_THREADS=1 python -m evaluation.bench fidelity --out results/dev/summary-fidelity-1024 --presses keydiff keydiff_sum1 keydiff_sum4 keydiff_sum16 keydiff_sum64 keydiff_sum1_seg keydiff_sum4_seg keydiff_sum16_seg keydiff_sum64_seg keydiff_sum4_tau0.5 keydiff_sum4_tau0.1 keydiff_sum16_tau0.5 keydiff_sum16_tau0.1 tova tova_sum4 tova_sum16 --ratios 0.25 0.5 0.75 0.9 --seeds 0 --n-examples 8 --context-length 1024 --tasks niah_single_1 niah_single_2 niah_single_3 niah_multikey_2 niah_multikey_3 niah_multivalue niah_multiquery fwe --dataset-seed 0 --threads 1
+OMP_NUM_THREADS=1 python -m evaluation.bench fidelity --out results/dev/summary-fidelity-1024 --presses keydiff keydiff_sum1 keydiff_sum4 keydiff_sum16 keydiff_sum64 keydiff_sum4_seg keydiff_sum16_seg keydiff_sum4_tau0.5 --ratios 0.5 0.75 --seeds 0 --n-examples 8 --context-length 1024 --tasks niah_single_1 niah_single_2 niah_single_3 niah_multikey_2 niah_multikey_3 niah_multivalue niah_multiquery fwe --dataset-seed 0 --threads 1
