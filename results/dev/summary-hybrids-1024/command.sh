@@ -3,6 +3,5 @@
 # (hybrid_keydiff_block8_a50, hybrid_keydiff_block8_a75_global, hybrid_tova_block8_a75, hybrid_expected_attention_block8_a75)
 # and was stopped on the first example for compute (the machine ran out of memory and CPU); their records on that
 # example are kept in results.jsonl.
-# sampled candidates of issue 16 (stratified hybrids) and RECOMMENDED at r = 0.9 (its other ratios are in results/dev/blocks-1024)
+# sampled candidates of issue 16 (stratified hybrids)
 OMP_NUM_THREADS=1 python -m evaluation run --context-length 1024 --data-seed 0 --n-examples 8 --tasks niah_single_1 niah_single_2 niah_single_3 niah_multikey_2 niah_multikey_3 niah_multivalue niah_multiquery fwe --ratios 0.25 0.5 0.75 0.9 --seeds 0 1 2 --decode-batch 16 --presses hybrid_keydiff_block8_a75 hybrid_keydiff_block8_a90 hybrid_keydiff_block8_a75_sum4 --out results/dev/summary-hybrids-1024
-OMP_NUM_THREADS=1 python -m evaluation run --context-length 1024 --data-seed 0 --n-examples 8 --tasks niah_single_1 niah_single_2 niah_single_3 niah_multikey_2 niah_multikey_3 niah_multivalue niah_multiquery fwe --ratios 0.9 --seeds 0 1 2 --decode-batch 16 --presses prob_tova_block8_priority --out results/dev/summary-hybrids-1024
