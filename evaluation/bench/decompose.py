@@ -205,6 +205,8 @@ def main(argv: list[str] | None = None) -> None:
         args.n_examples, args.families, args.ratios, args.seeds = 2, ["tova", "knorm"], [0.5], [0, 1]
         args.tasks = ["niah_single_1", "niah_multikey_2"]
     out = Path(args.out)
+    if args.report and not out.is_dir():
+        raise FileNotFoundError(f"--report: no results to report, {out} does not exist")
     out.mkdir(parents=True, exist_ok=True)
     if not args.report:
         write_atomic(out / "settings.json", json.dumps(vars(args), indent=2))
