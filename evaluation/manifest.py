@@ -9,7 +9,7 @@ Every results file ``<name>.jsonl`` written by ``kvprob run`` / ``reproduce`` ha
 resume whose identity differs stops before anything is computed (``ManifestMismatch`` names each
 differing field with both values), and ``kvprob merge`` refuses shards whose identities differ:
 
-    model, model_fingerprint (config and a sample of the weights), tokenizer_fingerprint
+    model, model_digest (config and a sample of the weights), tokenizer_digest
     (vocabulary, special tokens, chat template), dataset, dataset_version (the RULER generator's),
     data_seed, context_length, query_aware, dtype
 
@@ -41,9 +41,9 @@ from evaluation.store import write_atomic
 
 SUFFIX = ".manifest.json"
 LEGACY_SEED_FILE = "data_seed.json"
-IDENTITY = ("model", "model_fingerprint", "tokenizer_fingerprint", "dataset", "dataset_version", "data_seed",
+IDENTITY = ("model", "model_digest", "tokenizer_digest", "dataset", "dataset_version", "data_seed",
             "context_length", "query_aware", "dtype")
-LEGACY_ASSUMED = ("model_fingerprint", "tokenizer_fingerprint", "dataset_version", "query_aware", "dtype")
+LEGACY_ASSUMED = ("model_digest", "tokenizer_digest", "dataset_version", "query_aware", "dtype")
 
 
 class ManifestMismatch(ValueError):
@@ -62,14 +62,14 @@ def read(results_file: Path | str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-# --------------------------------------------------------------------------- fingerprints
+# --------------------------------------------------------------------------- digests
 
 
 def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def model_fingerprint(model) -> str:
+def model_digest(model) -> str:
     """Digest of the config (without path, dtype and attention backend) and of the first 64 values of
     every parameter rounded to bfloat16, so that one checkpoint in float32 or bfloat16 reads the same."""
     import torch
@@ -82,7 +82,7 @@ def model_fingerprint(model) -> str:
     return _digest([config, sample])
 
 
-def tokenizer_fingerprint(tokenizer) -> str:
+def tokenizer_digest(tokenizer) -> str:
     """Digest of the vocabulary, the special tokens and the chat template (not the tokenizer's path)."""
     return _digest([sorted(tokenizer.get_vocab().items()), tokenizer.all_special_tokens,
                     getattr(tokenizer, "chat_template", None), tokenizer.eos_token])
@@ -115,7 +115,7 @@ def _version(package: str) -> str | None:
 def identity(*, model: str, dataset: str, data_seed: int, context_length: int, query_aware: bool,
              loaded_model=None, tokenizer=None) -> dict:
     """The fields that must match on resume. Without ``loaded_model`` / ``tokenizer`` (before loading)
-    the fingerprints and dtype are left out, and checks compare only the fields present."""
+    the digests and dtype are left out, and checks compare only the fields present."""
     ident = dict(model=model, dataset=dataset, data_seed=int(data_seed), context_length=int(context_length),
                  query_aware=bool(query_aware))
     if dataset == "ruler":
@@ -123,10 +123,10 @@ def identity(*, model: str, dataset: str, data_seed: int, context_length: int, q
 
         ident["dataset_version"] = GENERATOR_VERSION
     if loaded_model is not None:
-        ident["model_fingerprint"] = model_fingerprint(loaded_model)
+        ident["model_digest"] = model_digest(loaded_model)
         ident["dtype"] = str(loaded_model.dtype).removeprefix("torch.")
     if tokenizer is not None:
-        ident["tokenizer_fingerprint"] = tokenizer_fingerprint(tokenizer)
+        ident["tokenizer_digest"] = tokenizer_digest(tokenizer)
     return {k: ident[k] for k in IDENTITY if k in ident}
 
 

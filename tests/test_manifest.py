@@ -74,7 +74,7 @@ def test_a_resume_with_another_identity_stops_before_loading_the_model(tmp_path,
 def test_a_resume_with_other_weights_under_the_same_name_stops(tmp_path, fake_run):
     run(tmp_path, "--model", "local/model")
     fake_run["scale"] = 2.0
-    with pytest.raises(SystemExit, match="model_fingerprint: '[0-9a-f]{16}' vs '[0-9a-f]{16}'"):
+    with pytest.raises(SystemExit, match="model_digest: '[0-9a-f]{16}' vs '[0-9a-f]{16}'"):
         run(tmp_path, "--model", "local/model")
     assert len(lines(tmp_path / "results.jsonl")) == 4
 
