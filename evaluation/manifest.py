@@ -78,7 +78,7 @@ def model_digest(model) -> str:
                 "attn_implementation", "transformers_version", "torch_dtype", "dtype", "_commit_hash"}
     config = {k: v for k, v in model.config.to_dict().items() if k not in volatile}
     sample = {name: p.detach().flatten()[:64].to("cpu", torch.bfloat16).float().tolist()
-              for name, p in model.named_parameters()}
+              for name, p in model.named_parameters() if p.device.type != "meta"}  # offloaded weights: skipped
     return _digest([config, sample])
 
 
