@@ -128,3 +128,11 @@ def test_a_readonly_store_of_a_missing_file_raises():
     with pytest.raises(FileNotFoundError, match="no results file nowhere.jsonl"):
         load_results("nowhere.jsonl")
     assert ResultStore("/nonexistent-dir/new.jsonl", readonly=False).records() == []  # a store to write starts empty
+
+
+@pytest.mark.parametrize("argv", [["decompose", "--report"], ["fidelity", "--report-only"]])
+def test_bench_reports_refuse_a_missing_folder(tmp_path, argv):
+    from evaluation.bench.__main__ import main
+
+    with pytest.raises(FileNotFoundError, match="never-run"):
+        main([*argv, "--out", str(tmp_path / "never-run")])
