@@ -115,3 +115,18 @@ def test_same_row_seed_same_proposal_and_layers_draw_their_own_rows(model):
 def test_bad_row_count_is_refused():
     with pytest.raises(ValueError, match="query_rows must be >= 1"):
         SampledMinVarianceProposal(query_rows=0)
+
+
+def test_bench_total_variation_is_zero_only_when_every_row_is_taken(model):
+    from conftest import random_ids
+
+    from evaluation.bench.sampled_rows import sampled_press, total_variation
+    from evaluation.engine import Prefill
+    from kvpress_prob.registry import get_press
+
+    prefill = Prefill(model, random_ids(60))
+    exact = get_press("prob_min_h", 0.5)
+    all_rows = total_variation(prefill, exact, sampled_press(60, 0.5, 0))
+    some_rows = total_variation(prefill, exact, sampled_press(8, 0.5, 0))
+    assert all_rows.shape == some_rows.shape == (model.config.num_hidden_layers, model.config.num_key_value_heads)
+    assert float(all_rows.max()) < 1e-6 and float(some_rows.min()) > 1e-4 and float(some_rows.max()) <= 1

@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 from kvpress import KVPressTextGenerationPipeline
 
-from evaluation.bench.decompose import DEV_TASKS, kept_positions, needle_positions, survival
+from evaluation.bench.decompose import add_split_arguments, kept_positions, load_split, needle_positions, survival
 from evaluation.engine import Prefill
 from evaluation.stats import paired_table
 from evaluation.store import write_atomic
@@ -120,11 +120,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m evaluation.bench sampled-rows", description=__doc__,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--out", default="results/dev/sampled-rows-1024", help="output folder")
-    p.add_argument("--model", default=None, help="HF id or local path (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--context-length", type=int, default=1024)
-    p.add_argument("--data-seed", type=int, default=0, help="RULER data seed (0: the development split)")
-    p.add_argument("--n-examples", type=int, default=8, help="examples, spread over --tasks")
-    p.add_argument("--tasks", nargs="+", default=DEV_TASKS)
+    add_split_arguments(p)
     p.add_argument("--rows", nargs="+", type=int, default=[16, 32, 64, 128, 256], help="values of s (query rows)")
     p.add_argument("--row-seeds", nargs="+", type=int, default=[0, 1, 2], help="row seeds of the TV measurement")
     p.add_argument("--ratios", nargs="+", type=float, default=[0.25, 0.5, 0.75, 0.9])
@@ -134,17 +130,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from evaluation.datasets.ruler import generate_ruler
-    from kvpress_prob.models import load_model
-
     args = parser().parse_args(argv)
     if min(args.rows) < 1:
         raise SystemExit(f"--rows must be >= 1, got {args.rows}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if not args.report:
-        write_atomic(out / "settings.json", json.dumps(vars(args), indent=2))
-        model, tokenizer = load_model(args.model)
-        frame = generate_ruler(tokenizer, args.context_length, args.n_examples, args.data_seed, args.tasks)
+        model, tokenizer, frame = load_split(args, out)
         measure(model, tokenizer, frame, args, out)
     print(report(out))
