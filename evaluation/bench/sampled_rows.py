@@ -10,7 +10,8 @@ For each example, one full-cache prefill (``engine.Prefill``) serves:
 Records are appended per example, so a killed run resumes where it stopped. ``report.md``: per s,
 the mean TV and the paired survival difference (per example, averaged over ratios and seeds).
 
-``python -m evaluation.bench sampled-rows --out results/dev/sampled-rows-1024``
+``python -m evaluation.bench sampled-rows --out results/dev/sampled-rows-1024``; with
+``--paired results/test/ruler-1024-sampled-rows``: the test split's paired score table instead.
 """
 
 from __future__ import annotations
@@ -116,6 +117,34 @@ def report(out: Path) -> str:
     return text
 
 
+def paired_scores(results: Path, sampled: str = "prob_min_h_s256") -> str:
+    """Scores of ``sampled`` minus ``prob_min_h`` at each ratio, paired on the examples both completed
+    (seeds averaged within an example first), with 95 % t-intervals; written to ``results/paired.md``."""
+    from evaluation.aggregate import prepare
+    from evaluation.compare import shared_examples
+    from evaluation.store import load_results
+
+    df = shared_examples(prepare(load_results(*sorted(results.glob("*.jsonl")))), [EXACT, sampled])
+    table = paired_table(df, "score", "press", sampled, EXACT, by=["compression_ratio"])
+    pooled = paired_table(df, "score", "press", sampled, EXACT).iloc[0]
+    tasks = df.groupby("task")["example_id"].nunique()
+    lines = [f"# {sampled} - {EXACT}, paired on examples", "",
+             f"{df.example_id.nunique()} examples ({', '.join(f'{t} {k}' for t, k in tasks.items())}); seeds "
+             f"{sorted(map(int, df[df.press == sampled].seed.unique()))}, averaged within an example; full cache "
+             f"{df[df.press == 'full'].score.mean():.1f}.", "",
+             f"| r | {EXACT} | {sampled} | difference [95 % t-interval] | examples where {sampled} is lower | p |",
+             "| ---: | ---: | ---: | :--- | ---: | ---: |"]
+    for _, row in table.sort_values("compression_ratio").iterrows():
+        lines.append(f"| {row.compression_ratio:g} | {row.mean_b:.1f} | {row.mean_a:.1f} | {row['mean']:+.1f} "
+                     f"[{row.lo:+.1f}, {row.hi:+.1f}] | {row.a_better}/{row.n} | {row.p_value:.2f} |")
+    lines.append(f"| all (example means over the ratios) | {pooled.mean_b:.1f} | {pooled.mean_a:.1f} | "
+                 f"{pooled['mean']:+.1f} [{pooled.lo:+.1f}, {pooled.hi:+.1f}] | {pooled.a_better}/{pooled.n} | "
+                 f"{pooled.p_value:.2f} |")
+    text = "\n".join(lines) + "\n"
+    write_atomic(results / "paired.md", text)
+    return text
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m evaluation.bench sampled-rows", description=__doc__,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -126,11 +155,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ratios", nargs="+", type=float, default=[0.25, 0.5, 0.75, 0.9])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="press seeds of the survival measurement")
     p.add_argument("--report", action="store_true", help="only write the report from what is in --out")
+    p.add_argument("--paired", default=None, metavar="RESULTS",
+                   help="instead: the paired score table of prob_min_h_s256 - prob_min_h from a runner's results "
+                        "folder (written to RESULTS/paired.md)")
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
+    if args.paired:
+        print(paired_scores(Path(args.paired)))
+        return
     if min(args.rows) < 1:
         raise SystemExit(f"--rows must be >= 1, got {args.rows}")
     out = Path(args.out)
