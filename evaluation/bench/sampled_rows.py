@@ -11,7 +11,7 @@ Records are appended per example, so a killed run resumes where it stopped. ``re
 the mean TV and the paired survival difference (per example, averaged over ratios and seeds).
 
 ``python -m evaluation.bench sampled-rows --out results/dev/sampled-rows-1024``; with
-``--paired results/test/ruler-1024-sampled-rows``: the test split's paired score table instead.
+``--paired <results folders>``: the test split's paired score table instead.
 """
 
 from __future__ import annotations
@@ -117,14 +117,15 @@ def report(out: Path) -> str:
     return text
 
 
-def paired_scores(results: Path, sampled: str = "prob_min_h_s256") -> str:
+def paired_scores(results: list[Path], sampled: str = "prob_min_h_s256") -> str:
     """Scores of ``sampled`` minus ``prob_min_h`` at each ratio, paired on the examples both completed
-    (seeds averaged within an example first), with 95 % t-intervals; written to ``results/paired.md``."""
+    (seeds averaged within an example first), with 95 % t-intervals, from runner results folders."""
     from evaluation.aggregate import prepare
     from evaluation.compare import shared_examples
     from evaluation.store import load_results
 
-    df = shared_examples(prepare(load_results(*sorted(results.glob("*.jsonl")))), [EXACT, sampled])
+    files = [f for folder in results for f in sorted(folder.glob("*.jsonl"))]
+    df = shared_examples(prepare(load_results(*files)), [EXACT, sampled])
     table = paired_table(df, "score", "press", sampled, EXACT, by=["compression_ratio"])
     pooled = paired_table(df, "score", "press", sampled, EXACT).iloc[0]
     tasks = df.groupby("task")["example_id"].nunique()
@@ -140,9 +141,7 @@ def paired_scores(results: Path, sampled: str = "prob_min_h_s256") -> str:
     lines.append(f"| all (example means over the ratios) | {pooled.mean_b:.1f} | {pooled.mean_a:.1f} | "
                  f"{pooled['mean']:+.1f} [{pooled.lo:+.1f}, {pooled.hi:+.1f}] | {pooled.a_better}/{pooled.n} | "
                  f"{pooled.p_value:.2f} |")
-    text = "\n".join(lines) + "\n"
-    write_atomic(results / "paired.md", text)
-    return text
+    return "\n".join(lines) + "\n"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -155,16 +154,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ratios", nargs="+", type=float, default=[0.25, 0.5, 0.75, 0.9])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="press seeds of the survival measurement")
     p.add_argument("--report", action="store_true", help="only write the report from what is in --out")
-    p.add_argument("--paired", default=None, metavar="RESULTS",
-                   help="instead: the paired score table of prob_min_h_s256 - prob_min_h from a runner's results "
-                        "folder (written to RESULTS/paired.md)")
+    p.add_argument("--paired", nargs="+", default=None, metavar="RESULTS",
+                   help="instead: the paired score table of prob_min_h_s256 - prob_min_h from runner results folders")
+    p.add_argument("--paired-out", default=None, help="markdown file for --paired's table (unset: print only)")
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     if args.paired:
-        print(paired_scores(Path(args.paired)))
+        text = paired_scores([Path(folder) for folder in args.paired])
+        if args.paired_out:
+            write_atomic(Path(args.paired_out), text)
+        print(text)
         return
     if min(args.rows) < 1:
         raise SystemExit(f"--rows must be >= 1, got {args.rows}")
