@@ -130,3 +130,22 @@ def test_bench_total_variation_is_zero_only_when_every_row_is_taken(model):
     some_rows = total_variation(prefill, exact, sampled_press(8, 0.5, 0))
     assert all_rows.shape == some_rows.shape == (model.config.num_hidden_layers, model.config.num_key_value_heads)
     assert float(all_rows.max()) < 1e-6 and float(some_rows.min()) > 1e-4 and float(some_rows.max()) <= 1
+
+
+def test_paired_score_table_pairs_seed_means_on_shared_examples():
+    import pandas as pd
+
+    from evaluation.bench.sampled_rows import paired_scores
+
+    rows = []
+    for i in range(6):
+        common = dict(example_id=f"e{i}", task="fwe", model="m", dataset="ruler", data_dir="1024")
+        rows.append(common | dict(press="full", compression_ratio=0.0, seed=0, score=90.0))
+        for seed in range(3):
+            rows.append(common | dict(press="prob_min_h", compression_ratio=0.5, seed=seed, score=10.0 * i))
+            if i < 5:  # e5 has no sampled record: left out of the pairing
+                rows.append(common | dict(press="prob_min_h_s256", compression_ratio=0.5, seed=seed,
+                                          score=10.0 * i + seed))  # seed mean: +1 on every example
+    text = paired_scores(pd.DataFrame(rows))
+    assert "5 examples (fwe 5)" in text
+    assert "| 0.5 | 20.0 | 21.0 | +1.0 [+1.0, +1.0] | 0/5 |" in text

@@ -117,15 +117,13 @@ def report(out: Path) -> str:
     return text
 
 
-def paired_scores(results: list[Path], sampled: str = "prob_min_h_s256") -> str:
+def paired_scores(results: pd.DataFrame, sampled: str = "prob_min_h_s256") -> str:
     """Scores of ``sampled`` minus ``prob_min_h`` at each ratio, paired on the examples both completed
-    (seeds averaged within an example first), with 95 % t-intervals, from runner results folders."""
+    (seeds averaged within an example first), with 95 % t-intervals, from the runner's records."""
     from evaluation.aggregate import prepare
     from evaluation.compare import shared_examples
-    from evaluation.store import load_results
 
-    files = [f for folder in results for f in sorted(folder.glob("*.jsonl"))]
-    df = shared_examples(prepare(load_results(*files)), [EXACT, sampled])
+    df = shared_examples(prepare(results), [EXACT, sampled])
     table = paired_table(df, "score", "press", sampled, EXACT, by=["compression_ratio"])
     pooled = paired_table(df, "score", "press", sampled, EXACT).iloc[0]
     tasks = df.groupby("task")["example_id"].nunique()
@@ -163,7 +161,9 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     if args.paired:
-        text = paired_scores([Path(folder) for folder in args.paired])
+        from evaluation.store import load_results
+
+        text = paired_scores(load_results(*[f for folder in args.paired for f in sorted(Path(folder).glob("*.jsonl"))]))
         if args.paired_out:
             write_atomic(Path(args.paired_out), text)
         print(text)
