@@ -1,10 +1,11 @@
-"""pi_min-h from sampled query rows: unbiased mixture, exact when every row is taken, dense reference."""
+"""pi_min-h from sampled query rows: unbiased mixture, exact when every row is taken, the model's own
+attention weights as the reference."""
 
 import math
 
 import pytest
 import torch
-from test_proposals import dense_attention, layer_inputs, reference
+from test_proposals import eager_attention, layer_inputs, reference
 
 from kvpress_prob.proposals import MinVarianceProposal, SampledMinVarianceProposal, row_weights, stratified_rows
 
@@ -37,9 +38,7 @@ def max_z(estimates, exact):
 def attention():
     from conftest import tiny_model
 
-    module, hidden, keys, values, kwargs = layer_inputs(tiny_model("llama"))
-    with torch.no_grad():
-        A = dense_attention(module, hidden, keys, kwargs).double()  # (H_q, n, n): row j is p_j
+    A = eager_attention(tiny_model("llama")).double()  # (H_q, n, n): the model's own rows p_j
     h, _ = row_weights(A.shape[-1], "harmonic", None, "cpu")
     return A, h, torch.einsum("j,qjn->qn", h.double(), A)
 
@@ -91,11 +90,11 @@ def test_every_row_taken_is_the_exact_proposal(model, s):
     torch.testing.assert_close(sampled, windowed, rtol=1e-6, atol=1e-9)
 
 
-def test_sampled_proposal_matches_dense_reference_on_its_rows(model):
+def test_sampled_proposal_matches_the_eager_reference_on_its_rows(model):
     module, hidden, keys, values, kwargs = layer_inputs(model)
     proposal = SampledMinVarianceProposal(query_rows=9, chunk_size=4)
     pi = proposal(module, hidden, keys, values, kwargs)
-    A = dense_attention(module, hidden, keys, kwargs)
+    A = eager_attention(model)
     rows, w = proposal.sample_rows(A.shape[-1], module.layer_idx)
     assert len(rows) < A.shape[-1]
     mixed = torch.zeros_like(A)  # a "matrix" whose last row is the weighted mixture of the sampled rows
