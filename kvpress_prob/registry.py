@@ -178,6 +178,19 @@ _DESIGNS: dict[str, Callable[[float], SamplingPress]] = {
     "prob_expected_attention_block8": _sampling(_expected_attention, lambda: BlockSampler(size=8)),
 }
 
+#: Head-adaptive top-k that frees memory, one per kvpress scorer we register, named after the kvpress press
+#: it adapts (``snapkv_adaptive`` next to ``snapkv``): the scorer's scores as a proposal, each layer's
+#: budget (1 - r) n H_kv shared by its heads (``budget="layer"``, chosen on the development split: the
+#: global budget starves mid layers, README "Decomposition"), each head keeping its top k_h, and only
+#: the kept entries stored (padded to the layer's largest head). kvpress's ``AdaKVPress`` (``adakv_*``)
+#: adapts the same way but masks, and frees no memory.
+ADAPTIVE: dict[str, Callable[[float], SamplingPress]] = {
+    f"{name}_adaptive": _sampling(lambda scorer=scorer: ScoreProposal(scorer=scorer()), TopKSampler, budget="layer")
+    for name, scorer in [("snapkv", SnapKVPress), ("tova", TOVAPress), ("knorm", KnormPress),
+                         ("keydiff", KeyDiffPress), ("expected_attention", lambda: ExpectedAttentionPress(epsilon=1e-2)),
+                         ("lagkv", LagKVPress)]
+}
+
 PRESSES: dict[str, Callable[[float], BasePress]] = {
     **BASELINES,
     **STRONGER,
@@ -190,6 +203,7 @@ PRESSES: dict[str, Callable[[float], BasePress]] = {
     "topk_keydiff_block8": _sampling(_keydiff, lambda: BlockSampler(size=8, inner=TopKSampler()), budget="head"),
     **_PROB,
     **_DESIGNS,
+    **ADAPTIVE,
     **{f"{name}_nocorr": _uncorrected(factory) for name, factory in _PROB.items()},
 }
 
