@@ -96,6 +96,28 @@ def test_byte_accounting_by_hand():
     assert speed.bias_bytes(model) == 0
 
 
+def test_adaptive_top_k_frees_what_adakv_only_masks():
+    """The same head-adaptive budget two ways: kvpress's AdaKV keeps the full cache and masks r of each
+    layer's entries; <scorer>_adaptive stores only the kept ones, each layer padded to its largest head."""
+    model = tiny_model("llama")
+    n, layers, kv_heads, head_dim, fp32 = 96, 3, 2, 16, 4
+    ids = random_ids(n, seed=2)
+    full = layers * 2 * kv_heads * n * head_dim * fp32
+    adakv_cache = speed.prefill(model, ids, "adakv_snapkv", 0.5).cache
+    assert speed.cache_bytes(adakv_cache) == full
+    masks = speed.masks_of(model)
+    assert [len(mask[0]) for mask in masks] == [kv_heads * n // 2] * layers  # masked, not freed
+    speed.set_masks(model, [None] * layers)
+    cache, press, _, _ = speed.prefill(model, ids, "snapkv_adaptive", 0.5)
+    kept = press.last_draw.keep[:, 0].sum(-1)  # (L, H): the counts differ between heads
+    # AdaKV's per-layer budget, less the rounding down of each head's count (at most one entry per head)
+    assert all(kv_heads * n // 2 - kv_heads < int(kept[l].sum()) <= kv_heads * n // 2 for l in range(layers))
+    assert bool((kept[:, 0] != kept[:, 1]).any())
+    assert speed.cache_bytes(cache) == sum(2 * kv_heads * int(kept[l].max()) * head_dim * fp32 for l in range(layers))
+    assert speed.cache_bytes(cache) < full
+    speed.clear_biases(model)
+
+
 # --------------------------------------------------------------------------- budget
 
 
