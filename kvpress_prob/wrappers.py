@@ -182,11 +182,14 @@ def arm(press, module: nn.Module) -> None:
     press_ref = weakref.ref(press)
 
     def first_forward(module, args, kwargs):
-        disarm(press_ref())
-        if press_ref() is not None:
-            check(press_ref(), module)
+        handle.remove()
+        press = press_ref()
+        if press is not None:
+            press._armed = None
+            check(press, module)
 
-    press._armed = module.register_forward_pre_hook(first_forward, with_kwargs=True)
+    handle = module.register_forward_pre_hook(first_forward, with_kwargs=True)
+    press._armed = handle
 
 
 def disarm(press) -> None:
