@@ -7,6 +7,8 @@ the same cumulative attention recomputed on sdpa), prob_min / prob_min_h (pi_min
 prob_h2o_h; each of these (and the beyond-the-paper ones below) has an uncorrected ablation
 ``<name>_nocorr``; for any other sampling press pass ``correct=False``.
 topk_min_h: pi_min-h kept by top-k under the same global allocation (TopKSampler).
+Head-adaptive top-k that frees memory (``ADAPTIVE``): <scorer>_adaptive for snapkv, tova, knorm, keydiff,
+expected_attention, lagkv, next to kvpress's AdaKV over the same scorer (adakv_<scorer>, which masks).
 Beyond the paper: prob_min_c (pi_min centred), prob_min_h_strata (alpha = 0.5), prob_min_h_coord
 (coordinated sampling), prob_min_h_shared (one proposal shared by a layer's heads),
 prob_snapkv_strata (alpha = 0.5), prob_min_h_ht and prob_snapkv_ht (Horvitz-Thompson weights 1 / q_i).
