@@ -1,16 +1,10 @@
-"""Decode-time correction: self-normalised importance sampling as an additive logit bias.
+"""Decode-time correction: which bias each attention forward reads, and for how long it lives.
 
 After eviction each layer of the compressed cache carries a bias of shape (b, H_kv, S): the
 log-weight / tau of each stored prefix entry (S = the layer's largest kept count), and the dtype's
-most negative finite value on padding. Every later forward on that cache goes through
-``corrected_sdpa``: softmax(q k / sqrt(d) + bias) over [stored prefix | new tokens], the bias 0 on
-new tokens, which is
-
-  out = [sum_kept w_i e^{s_i} v_i + sum_new e^{s_j} v_j] / [sum_kept w_i e^{s_i} + sum_new e^{s_j}]
-
-(docs/method.md, "Correction"). It builds its own mask from the layer's real key length (transformers
-builds the model's mask from layer 0's length, wrong here since layers differ): bias on the
-stored prefix, causal among the new tokens.
+most negative finite value on padding. Every later forward on that cache reads it through the wrapped
+attention functions (``kvpress_prob.attention.corrected_sdpa``: self-normalised importance sampling
+as an additive logit bias; docs/method.md, "Correction").
 
 Lifetime: the bias belongs to the one compressed cache, and lives on its layer objects (it is
 freed with the cache, copied with ``copy.deepcopy``, and never seen by another cache). A forward
@@ -25,13 +19,12 @@ is not wrapped, raises instead of silently skipping the correction.
 
 The hooks live only as long as a cache that holds a bias of that module's layer (or a bias given
 without a cache): when the last such cache is freed (``weakref.finalize``) they are removed, and
-the module carries nothing of ours. The module's state (hook handles, the cache it last ran on, the
-bias of the forward now running) is kept here, in a dictionary weakly keyed by the module, never
-as attributes on the model.
+the module carries nothing of ours. The module's state (hook handles, the cache it last ran on) is
+kept here, in a dictionary weakly keyed by the module, never as attributes on the model.
 
-The attention functions themselves are wrapped by ``kvpress_prob.attention`` (on entry of a press
-and whenever a bias is given, never at import). The state is read and written only through
-``set_bias``, ``bias_of``, ``reset`` and ``active_bias``.
+The attention functions themselves are wrapped by ``kvpress_prob.attention`` (on entry of a press,
+whenever a bias is given and before a forward that reads one; never at import). The state is read
+and written only through ``set_bias``, ``bias_of`` and ``reset``.
 """
 
 from __future__ import annotations
@@ -40,7 +33,6 @@ import weakref
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from kvpress_prob import attention
@@ -56,7 +48,6 @@ class _State:
     holders: set = field(default_factory=set)  # ids of the live caches holding a bias of its layer
     current: weakref.ref | None = None  # the cache it last ran on or was given
     pending: torch.Tensor | None = None  # a bias given without a cache, for its next decoding forward
-    active: torch.Tensor | None = None  # the bias of the forward now running
 
 
 _STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # attention module -> _State
@@ -103,7 +94,7 @@ def _release(module_ref: weakref.ref, key: int) -> None:
 
 
 def _detach_if_unused(module: torch.nn.Module, state: _State) -> None:
-    if not state.holders and state.pending is None and state.active is None:
+    if not state.holders and state.pending is None and attention.active_bias(module) is None:
         for handle in state.handles:
             handle.remove()
         del _STATES[module]
@@ -153,18 +144,12 @@ def reset(module: torch.nn.Module) -> None:
         _detach_if_unused(module, state)
 
 
-def active_bias(module: torch.nn.Module) -> torch.Tensor | None:
-    """The bias of the forward of ``module`` now running (set by its pre-hook), or None."""
-    state = _STATES.get(module)
-    return state.active if state is not None else None
-
-
 def _before_forward(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
     """Forward pre-hook: the bias for this forward is the one of its own cache layer, if any."""
     state = _STATES.get(module)
     if state is None:
         return None
-    state.active = None
+    attention.activate(module, None)
     cache = kwargs.get("past_key_values")
     layer = _layer(cache, module.layer_idx)
     if cache is not None:
@@ -189,49 +174,13 @@ def _before_forward(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
             f"call model.set_attn_implementation('sdpa') before decoding"
         )
     attention.install()  # an attention function registered since the bias was given is wrapped too
-    state.active = bias
+    attention.activate(module, bias)
     return None
 
 
 def _after_forward(module: torch.nn.Module, args: tuple, output) -> None:
+    attention.activate(module, None)
     state = _STATES.get(module)
     if state is not None:
-        state.active = None
         _detach_if_unused(module, state)
     return None
-
-
-def corrected_sdpa(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor, scaling: float | None
-) -> torch.Tensor:
-    """Attention with a per-entry bias on the stored prefix and a causal mask among new tokens.
-
-    query (b, H_q, q, d); key, value (b, H_kv, k, d) = [S stored prefix entries | k - S new];
-    bias (b, H_kv, S). Returns (b, q, H_q, d), the layout transformers' attention functions return.
-    """
-    b, hq, q_len, d = query.shape
-    hkv, k_len = key.shape[1], key.shape[2]
-    g = hq // hkv
-    n_stored = bias.shape[-1]
-    n_new = k_len - n_stored
-    if n_new < q_len:
-        raise RuntimeError(
-            f"corrected attention expects the {q_len} new tokens after the {n_stored} stored ones, "
-            f"got {k_len} keys: was the cache changed outside the press?"
-        )
-    # causal among new tokens: query i sits at new-token index n_new - q_len + i
-    i = torch.arange(q_len, device=query.device)[:, None]
-    j = torch.arange(n_new, device=query.device)[None, :]
-    dtype = torch.promote_types(query.dtype, bias.dtype)  # a float32 bias is added in float32
-    lowest = torch.finfo(dtype).min
-    new_mask = torch.zeros(q_len, n_new, dtype=dtype, device=query.device)
-    new_mask.masked_fill_(j > i + (n_new - q_len), lowest)  # (q, n_new)
-    mask = torch.cat(
-        [bias.to(dtype)[:, :, None, :].expand(b, hkv, q_len, n_stored), new_mask.expand(b, hkv, q_len, n_new)],
-        dim=-1,
-    )  # (b, H_kv, q, k)
-    # fold the query heads of a group into the query axis: head h*g + gi serves KV head h
-    q = query.reshape(b, hkv, g * q_len, d)
-    mask = mask[:, :, None].expand(b, hkv, g, q_len, k_len).reshape(b, hkv, g * q_len, k_len)
-    out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)  # (b, H_kv, g*q, d)
-    return out.view(b, hq, q_len, d).transpose(1, 2).contiguous()
