@@ -227,14 +227,20 @@ def test_speed_run_end_to_end_on_a_tiny_model(tmp_path, tokenizer):
     from evaluation.bench.speed import report
 
     model = tiny_model("llama")
-    raw = speed.run(model, tokenizer, [96], 1, 0.5, [0.25, 0.5], 3, 1, ["full", "snapkv", "prob_snapkv", "prob_min_h"],
-                    log=lambda *a: None)
+    raw = speed.run(model, tokenizer, [96], 1, 0.5, [0.25, 0.5], 3, 1,
+                    ["full", "snapkv", "prob_snapkv", "prob_min_h", "adakv_snapkv", "snapkv_adaptive"], log=lambda *a: None)
     peak = raw["peak"]
     assert set(zip(peak.press, peak.path)) == {(p, path) for p in ("full", "snapkv", "prob_snapkv", "prob_min_h")
                                                for path in ("press", "engine")}
     assert (peak.peak_bytes >= peak.start_bytes).all() and peak.method.str.startswith("RSS").all()
-    assert set(raw["decode"].variant) == set(speed.DECODE_VARIANTS) and (raw["decode"].steps == 3).all()
+    # presses beyond the defaults are decoded as their own variant and measured at every memory ratio
+    assert set(raw["decode"].variant) == {*speed.DECODE_VARIANTS, "adakv_snapkv", "snapkv_adaptive"}
+    assert (raw["decode"].steps == 3).all()
     mem = raw["memory"].set_index(["press", "ratio"])
+    for r in (0.25, 0.5):
+        assert mem.loc[("adakv_snapkv", r), "bytes_stored"] == mem.loc[("full", 0.5), "bytes_full"]  # masks, frees nothing
+        assert mem.loc[("snapkv_adaptive", r), "bytes_stored"] == mem.loc[("snapkv_adaptive", r), "stats_bytes_stored"]
+        assert mem.loc[("snapkv_adaptive", r), "bytes_stored"] < mem.loc[("adakv_snapkv", r), "bytes_stored"]
     assert mem.loc[("snapkv", 0.5), "stored_over_budget"] == 1.0
     assert mem.loc[("prob_snapkv", 0.25), "bytes_stored"] == mem.loc[("prob_snapkv", 0.25), "stats_bytes_stored"]
     assert raw["draws"].same_kept_as_corrected.dropna().all()  # nocorr keeps the corrected press's set
