@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import random_ids, tiny_model
+from test_composition import run
 from transformers import AttentionInterface, DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -69,17 +70,9 @@ def test_import_leaves_kvpress_and_the_attention_functions_as_they_were():
     assert "unchanged until entered" in result.stdout
 
 
-def decode(model, press, ids, n_tokens=3):
-    """Prefill under ``press``, then greedy decoding after its ``with`` block: the logits of each step."""
-    cache, logits = DynamicCache(), []
-    with torch.no_grad():
-        with press(model):
-            out = model(input_ids=ids, past_key_values=cache, logits_to_keep=1).logits
-        for i in range(n_tokens):
-            logits.append(out[0, -1])
-            out = model(input_ids=out[:, -1:].argmax(-1), past_key_values=cache,
-                        position_ids=torch.tensor([[ids.shape[1] + i]])).logits
-    return torch.stack(logits)
+def decode(model, press, ids):
+    """The logits of a prefill under ``press`` and of greedy decoding after its ``with`` block."""
+    return run(model, press, ids)[1]
 
 
 def test_an_attention_function_registered_after_import_is_corrected_like_sdpa():
