@@ -7,6 +7,8 @@ the same cumulative attention recomputed on sdpa), prob_min / prob_min_h (pi_min
 prob_h2o_h; each of these (and the beyond-the-paper ones below) has an uncorrected ablation
 ``<name>_nocorr``; for any other sampling press pass ``correct=False``.
 topk_min_h: pi_min-h kept by top-k under the same global allocation (TopKSampler).
+Head-adaptive top-k that frees memory (``ADAPTIVE``): <scorer>_adaptive for snapkv, tova, knorm, keydiff,
+expected_attention, lagkv, next to kvpress's AdaKV over the same scorer (adakv_<scorer>, which masks).
 Beyond the paper: prob_min_c (pi_min centred), prob_min_h_strata (alpha = 0.5), prob_min_h_coord
 (coordinated sampling), prob_min_h_shared (one proposal shared by a layer's heads),
 prob_snapkv_strata (alpha = 0.5), prob_min_h_ht and prob_snapkv_ht (Horvitz-Thompson weights 1 / q_i).
@@ -181,6 +183,19 @@ _DESIGNS: dict[str, Callable[[float], SamplingPress]] = {
     "prob_expected_attention_block8": _sampling(_expected_attention, lambda: BlockSampler(size=8)),
 }
 
+#: Head-adaptive top-k that frees memory, one per kvpress scorer we register, named after the kvpress press
+#: it adapts (``snapkv_adaptive`` next to ``snapkv``): the scorer's scores as a proposal, each layer's
+#: budget (1 - r) n H_kv shared by its heads (``budget="layer"``, chosen on the development split: the
+#: global budget starves mid layers, README "Decomposition"), each head keeping its top k_h, and only
+#: the kept entries stored (padded to the layer's largest head). kvpress's ``AdaKVPress`` (``adakv_*``)
+#: adapts the same way but masks, and frees no memory.
+ADAPTIVE: dict[str, Callable[[float], SamplingPress]] = {
+    f"{name}_adaptive": _sampling(lambda scorer=scorer: ScoreProposal(scorer=scorer()), TopKSampler, budget="layer")
+    for name, scorer in [("snapkv", SnapKVPress), ("tova", TOVAPress), ("knorm", KnormPress),
+                         ("keydiff", KeyDiffPress), ("expected_attention", lambda: ExpectedAttentionPress(epsilon=1e-2)),
+                         ("lagkv", LagKVPress)]
+}
+
 PRESSES: dict[str, Callable[[float], BasePress]] = {
     **BASELINES,
     **STRONGER,
@@ -193,6 +208,7 @@ PRESSES: dict[str, Callable[[float], BasePress]] = {
     "topk_keydiff_block8": _sampling(_keydiff, lambda: BlockSampler(size=8, inner=TopKSampler()), budget="head"),
     **_PROB,
     **_DESIGNS,
+    **ADAPTIVE,
     **{f"{name}_nocorr": _uncorrected(factory) for name, factory in _PROB.items()},
 }
 
