@@ -141,12 +141,14 @@ class Prefill:
         """Each attention module's proposal (b, H_kv, n) for ``press``, computed once per example and
         distinct proposal (``press.propose`` on the recorded inputs) and shared by every ratio and seed."""
         press.post_init_from_model(self.model)
+        rotary = language_model(self.model).rotary_emb  # kvpress's scorers (ExpectedAttention) read it, as under press(model)
         memo = self.proposals.setdefault(repr(press.proposal), {})  # after post_init: a scorer's ratio is in it
         proposals = {}
         rotary = language_model(self.model).rotary_emb
         for module, kwargs in self.inputs:
             module.rotary_emb = rotary  # as kvpress's press context sets it (ExpectedAttention's scores read it)
             if module.layer_idx not in memo:  # proposals only read the cache
+                module.rotary_emb = rotary
                 memo[module.layer_idx] = press.propose(module, {**kwargs, "past_key_values": self.full_cache})
             proposals[module] = memo[module.layer_idx]
         return proposals

@@ -13,6 +13,7 @@ from evaluation.engine import Prefill
 from evaluation.runner import configurations, run
 from evaluation.store import ResultStore
 from kvpress_prob import correction, get_press
+from kvpress_prob.attention import corrected_sdpa
 from kvpress_prob.summary import Summary, SummaryPress, SummarySamplingPress
 
 
@@ -85,7 +86,7 @@ def test_summary_attention_equals_explicit_virtual_entries(sampled, dtype):
     scaling = 16 ** -0.5
     # the fast path: corrected attention over the stored entries (real, virtual) and a new token (key, value 0)
     new_k, new_v = torch.zeros(1, hkv, 1, 16, dtype=dtype), torch.zeros(1, hkv, 1, 16, dtype=dtype)
-    ours = correction.corrected_sdpa(query, torch.cat([keys, new_k], 2), torch.cat([values, new_v], 2), bias, scaling)
+    ours = corrected_sdpa(query, torch.cat([keys, new_k], 2), torch.cat([values, new_v], 2), bias, scaling)
     reference = slow_reference(query[0, :, 0], full_keys, full_values, kept, log_w, groups, tau, scaling)
     tol = 1e-4 if dtype == torch.float32 else 1e-2  # bf16: keys, values and means rounded to 8 bits
     torch.testing.assert_close(ours[0, 0].double(), reference, atol=tol, rtol=tol)
