@@ -44,7 +44,8 @@ class Summary:
     Parameters
     ----------
     n_virtual : int, default 4
-        c >= 1: virtual entries per KV head (each charged against the budget as one entry).
+        c >= 1: virtual entries per KV head (each charged against the budget as one entry); capped at
+        the head's budget minus one on prompts too short for it (``virtual_count``).
     grouping : {"kmeans", "segments"}, default "kmeans"
         "segments": the evicted entries in position order, cut into c runs of equal count;
         "kmeans": k-means of their keys, started from the segments' means, ``iterations`` Lloyd steps
@@ -69,6 +70,13 @@ class Summary:
             raise ValueError(f"weight (tau) must be in (0, 1], got {self.weight}")
         if self.iterations < 0:
             raise ValueError(f"iterations must be >= 0, got {self.iterations}")
+
+    def virtual_count(self, budget: int) -> int:
+        """The c used when a head may store ``budget`` entries: ``n_virtual``, capped at budget - 1 so
+        that at least one real entry is kept (short prompts)."""
+        if budget < 2:
+            raise ValueError(f"a summary needs a budget of at least 2 entries per head (1 real, 1 virtual), got {budget}")
+        return min(self.n_virtual, budget - 1)
 
     def groups(self, keys: torch.Tensor, evicted: torch.Tensor) -> torch.Tensor:
         """Group of each entry (b, H, n) long in [0, c), c where not evicted. keys (b, H, n, d)."""
@@ -179,13 +187,10 @@ class SummaryPress(BasePress):
     def compress(self, module, hidden_states, keys, values, attentions, kwargs):
         if self.compression_ratio == 0:
             return keys, values
-        n, c = keys.shape[2], self.summary.n_virtual
-        n_real = int(n * (1 - self.compression_ratio)) - c
-        if n_real < 1:
-            raise ValueError(
-                f"n_virtual = {c} leaves {n_real} real entries of the {int(n * (1 - self.compression_ratio))} "
-                f"the budget allows ({n} tokens, compression_ratio {self.compression_ratio}): lower n_virtual"
-            )
+        n = keys.shape[2]
+        budget = int(n * (1 - self.compression_ratio))
+        c = self.summary.virtual_count(budget)
+        n_real = budget - c
         scores = self.press.score(module, hidden_states, keys, values, attentions, kwargs)  # (b, H, n)
         index = scores.topk(n_real, dim=-1).indices.sort(dim=-1).values  # (b, H, n_real), in prefix order
         evicted = torch.ones_like(scores, dtype=torch.bool).scatter_(-1, index, False)
@@ -193,7 +198,7 @@ class SummaryPress(BasePress):
         cache = kwargs["past_key_values"]
         layer = cache.layers[module.layer_idx]
         layer.keys, layer.values = keys.gather(2, gather), values.gather(2, gather)
-        attach(module, cache, self.summary, keys, values, evicted, None, keys.dtype)
+        attach(module, cache, replace(self.summary, n_virtual=c), keys, values, evicted, None, keys.dtype)
         return layer.keys, layer.values
 
 
@@ -222,17 +227,17 @@ class SummarySamplingPress(SamplingPress):
     def evict(self, cache, proposals):
         modules = sorted(proposals, key=lambda module: module.layer_idx)
         full = {m: (cache.layers[m.layer_idx].keys, cache.layers[m.layer_idx].values) for m in modules}
-        n, c = full[modules[0]][0].shape[2], self.summary.n_virtual
+        n = full[modules[0]][0].shape[2]
+        c = self.summary.virtual_count(int(n * (1 - self.compression_ratio)))
         ratio = self.compression_ratio + c / n
-        if ratio >= 1.0:
-            raise ValueError(f"n_virtual = {c} exceeds the budget (1 - {self.compression_ratio}) * {n}: lower n_virtual")
+        summary = replace(self.summary, n_virtual=c)
         drawn = replace(self, compression_ratio=ratio)  # a SamplingPress that draws and cuts with c / n more eviction
         draw = SamplingPress.evict(drawn, cache, proposals)
         for index, module in enumerate(modules):
             keys, values = full[module]
             kept_bias = correction.bias_of(module, cache)
             dtype = keys.dtype if self.bias_dtype == "keys" else torch.float32
-            attach(module, cache, self.summary, keys, values, ~draw.keep[index], kept_bias, dtype)
+            attach(module, cache, summary, keys, values, ~draw.keep[index], kept_bias, dtype)
         self.last_draw = draw
         stats = dict(drawn.stats)
         virtual = len(modules) * draw.keep.shape[2] * c

@@ -124,8 +124,13 @@ def test_equal_memory_and_tempered_weights():
         assert (bias[..., :-c] == 0).all()
         counts = bias[..., -c:].float().exp() / tau  # tau * count
         assert torch.allclose(counts.sum(-1), torch.full_like(counts.sum(-1), 64 - (16 - c)), rtol=1e-2)  # all evicted
-    with pytest.raises(ValueError, match="n_virtual"):
-        shared.compress(get_press("keydiff_sum64", 0.75))
+    # a prompt too short for c = 64: c is capped at the budget minus one (16 - 1), one real entry kept
+    capped = shared.compress(get_press("keydiff_sum64", 0.75))
+    assert capped.layers[0].keys.shape == plain.layers[0].keys.shape
+    counts = correction.bias_of(shared.layers[0].self_attn, capped)[..., 1:].float().exp().sum(-1)  # 15 virtual
+    assert torch.allclose(counts, torch.full_like(counts, 64 - 1), rtol=1e-2)  # they stand for all 63 evicted
+    with pytest.raises(ValueError, match="at least 2"):
+        Summary().virtual_count(1)
     with pytest.raises(ValueError, match="weight"):
         Summary(weight=0.0)
     with pytest.raises(ValueError, match="grouping"):
