@@ -1,4 +1,4 @@
-# STOPPED for compute: 3 presses ran on 6 of the 8 examples (the 6th part-way), 4 presses on the first example only
+# COMPLETE for the three presses of the command (8 examples); 4 more presses on the first example only (see below)
 # development split (data seed 0, first example of each of 8 tasks, 1024 tokens), from snapshots of commit bdd0c34, then 23f046a
 # (an engine fix for ExpectedAttention proposals). The first command first ran with --decode-batch 48 and four more presses
 # (hybrid_keydiff_block8_a50, hybrid_keydiff_block8_a75_global, hybrid_tova_block8_a75, hybrid_expected_attention_block8_a75)

@@ -1,4 +1,4 @@
-# STOPPED for compute after 17 of the 32 examples (niah_single_1/2/3, niah_multikey_2, niah_multikey_3-0)
+# STOPPED for compute after 25 of the 32 examples (niah_single_1/2/3, niah_multikey_2/3, niah_multivalue, niah_multiquery-0)
 # test split (data seed 1, 32 examples = 4 per task, 1024 tokens), from a snapshot of commit 23f046a:
 # "top-k + summary" (c = 4 k-means entries per KV head, tau = 1, counted in the budget) for three kvpress scorers.
 # The variant was fixed before any result, as the default design (the development screen could not finish first);
