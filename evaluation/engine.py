@@ -238,8 +238,11 @@ class Prefill:
             return press_prefill(self.model, self.context_ids, press)
         keys_, values_ = self._eager_prefill() if p.kind == "eager" else (self.keys, self.values)
         cache = DynamicCache()
-        for layer_idx, (keys, values) in enumerate(zip(keys_, values_)):
-            cache.update(keys, values, layer_idx)
+        for keys, values in zip(keys_, values_):  # DynamicCache.update would copy them (torch.cat)
+            layer = DynamicLayer()
+            layer.lazy_initialization(keys, values)
+            layer.keys, layer.values = keys, values
+            cache.layers.append(layer)
         if p.kind == "full":
             return cache
         if p.kind == "sampling":

@@ -1,4 +1,4 @@
-"""CLI: ``python -m evaluation.bench {speed,budget,oracle,fidelity,shared-prefill,decompose,bf16} [--quick] ...``.
+"""CLI: ``python -m evaluation.bench {speed,memory,budget,oracle,fidelity,shared-prefill,decompose,bf16} [--quick] ...``.
 
 Every bench package takes ``--quick``, ``--out`` (the output root; a bench writes into its own
 folder below it) and ``--model``, and its own options (``python -m evaluation.bench <name> --help``).
@@ -20,6 +20,8 @@ COMMANDS = {
                                        "ratio, padding, scopes"),
     "oracle": ("oracle", "oracle", "exact (brute-force) eviction on small synthetic instances vs top-k and sampling +- SNIS"),
     "fidelity": ("fidelity", "fidelity", "KL to the full cache (teacher-forced) and layer-wise attention error"),
+    "memory": ("memory", "memory", "peak memory, each case in a fresh process: prefill under a press, the runner's "
+                                   "path, kvpress's pipeline, batched decoding, against the K+V size"),
     "shared-prefill": ("shared_prefill", "shared_prefill", "the runner's shared prefill and batched decoding vs the "
                                                            "naive kvpress pipeline loop"),
 }

@@ -81,7 +81,7 @@ def engine_peak(model, ids: torch.Tensor, name: str, ratio: float) -> common.Pea
     """Peak memory of the runner's path for one press: ``engine.Prefill`` (the full prefill with
     every layer's hook inputs kept) then ``compress``."""
     with common.PeakMemory(model.device) as memory:
-        shared = Prefill(model, ids)
+        shared = Prefill(model, ids, [Config(name, ratio, 0).build()])
         cache = shared.compress(Config(name, ratio, 0).build())
     del shared, cache
     clear_biases(model)
