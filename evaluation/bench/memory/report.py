@@ -30,6 +30,10 @@ def checks(rows: pd.DataFrame, ratio: float) -> pd.DataFrame:
             value = (mine.extra_bytes - snap.extra_bytes) / mine.kv_bytes
             out.append({"target": "prefill peak prob_min_h - snapkv, in K+V <= 0.10", "n": n, "value": value,
                         "met": bool(value <= 0.10)})
+        if prob_snap is not None and snap is not None:
+            value = (prob_snap.extra_bytes - snap.extra_bytes) / prob_snap.kv_bytes
+            out.append({"target": "(info) prefill peak prob_snapkv - snapkv (eviction at the last layer), in K+V",
+                        "n": n, "value": value, "met": None})
         if mine is not None and prob_snap is not None:
             value = (mine.extra_bytes - prob_snap.extra_bytes) / mine.kv_bytes
             out.append({"target": "(info) prefill peak prob_min_h - prob_snapkv (the proposal's own cost), in K+V",
@@ -38,9 +42,9 @@ def checks(rows: pd.DataFrame, ratio: float) -> pd.DataFrame:
         for _, row in decode.iterrows():
             bound = row.stacked_bytes - row.items_bytes + row.one_layer_stack_bytes
             value = row.stack_extra_bytes / bound
-            out.append({"target": f"stack of B={row.batch} caches: peak rise / (stack growth + one layer's stack) <= 1",
+            out.append({"target": f"stack of B={int(row.batch)} caches: peak rise / (stack growth + one layer's stack) <= 1",
                         "n": n, "value": value, "met": bool(value <= 1)})
-            out.append({"target": f"(info) generate_batch of B={row.batch} caches: peak rise / the B caches",
+            out.append({"target": f"(info) generate_batch of B={int(row.batch)} caches: peak rise / the B caches",
                         "n": n, "value": row.extra_bytes / row.items_bytes, "met": None})
     return pd.DataFrame(out)
 
