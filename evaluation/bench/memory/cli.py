@@ -13,9 +13,11 @@ DEFAULT_PRESSES = ["full", "snapkv", "prob_snapkv", "prob_min_h"]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=None, help="context lengths (default 2048 4096 8192; --quick: 1024)")
     parser.add_argument("--ratio", type=float, default=0.5, help="compression ratio (default 0.5)")
-    parser.add_argument("--presses", nargs="+", default=DEFAULT_PRESSES,
+    parser.add_argument("--presses", nargs="*", default=DEFAULT_PRESSES,
                         help=f"registry presses whose prefill peak is measured, under the press and on the runner's path "
                              f"('full' = no press); default {' '.join(DEFAULT_PRESSES)}")
+    parser.add_argument("--paths", nargs="+", default=["press", "engine"], choices=["press", "engine"],
+                        help="prefill paths measured for --presses: under the press, and the runner's engine (default both)")
     parser.add_argument("--pipeline-presses", nargs="*", default=["full", "prob_min_h"],
                         help="presses run through kvpress's pipeline on one RULER example (default: full prob_min_h)")
     parser.add_argument("--runner-presses", nargs="*", default=["prob_min_h"],
@@ -35,8 +37,8 @@ def main(args: argparse.Namespace) -> object:
     settings = {"command": "python -m evaluation.bench " + " ".join(sys.argv[1:]), "model": args.model,
                 "ratio": args.ratio, "lengths": lengths, "threads": args.threads}
     info = common.machine_info()
-    out = Path(args.out) / "memory"
-    rows, todo = [], cases(lengths, args.presses, args.ratio, args.pipeline_presses, args.runner_presses,
+    out = Path(args.out) / "memory" / "-".join(map(str, lengths))
+    rows, todo = [], cases(lengths, args.presses, args.paths, args.ratio, args.pipeline_presses, args.runner_presses,
                            args.decode_press, args.batch, args.decode_batch)
     start = time.time()
     for i, spec in enumerate(todo):

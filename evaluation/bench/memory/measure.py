@@ -10,15 +10,15 @@ import sys
 from evaluation.runner import REFERENCE
 
 
-def cases(lengths: list[int], presses: list[str], ratio: float, pipeline_presses: list[str], runner_presses: list[str],
+def cases(lengths: list[int], presses: list[str], paths: list[str], ratio: float, pipeline_presses: list[str], runner_presses: list[str],
           decode_press: str, batch: int, decode_batch: int) -> list[dict]:
     """Every case, lengths in order; at each length the compared cases run side by side."""
     out = []
     for n in lengths:
         for name in presses:
-            out.append(dict(case="press", n=n, press=name, ratio=ratio))
-            if name != REFERENCE:
-                out.append(dict(case="engine", n=n, press=name, ratio=ratio))
+            for path in paths:
+                if path == "press" or name != REFERENCE:
+                    out.append(dict(case=path, n=n, press=name, ratio=ratio))
         for name in pipeline_presses:
             out.append(dict(case="pipeline", n=n, press=name, ratio=ratio))
         for name in runner_presses:
