@@ -1,18 +1,26 @@
 """The one engine for prefill, compress and decode, used by the runner and every benchmark.
 
-Prefill once (``Prefill``): each example's context is prefilled once with the full cache while
-every attention layer's hook inputs are recorded. Compress many (``Prefill.compress``): each press
-then replays on a copy of that cache, through the presses' public API only: a ``SamplingPress``
-through ``propose`` (one proposal per layer, computed once per example and distinct proposal and
-shared by every ratio and seed) and ``evict``; a kvpress press through its ``forward_hook``. This is
-exactly what the hooks would have seen in a real prefill: compression happens after a layer's
-attention, so no layer's input depends on another layer's compression. H2O reads eager attention
-weights: one eager prefill per example records each layer's scores (kvpress's own
-``ObservedAttentionPress.score``), and every ratio keeps its top-k through ``ReplayedScores``.
+Prefill once (``Prefill``): each example's context is prefilled once with the full cache, told the
+presses it will serve. Its attention hooks compute, layer by layer and from what each hook sees,
+what those presses need (``plan``): a ``SamplingPress``'s proposal through ``propose``, a kvpress
+scorer's scores through its ``score``, each computed once per example and distinct proposal or
+scorer, and shared by every ratio and seed. Only those (b, H_kv, n) tensors are kept, never the
+hook inputs (a layer's hidden states weigh more than its K+V). Compress many
+(``Prefill.compress``): each press then compresses a cache that starts as the prefill's own tensors
+(nothing is copied: presses gather or mask), through the presses' public API only: a
+``SamplingPress`` through ``evict``, a kvpress scorer through its ``forward_hook`` on the stored
+scores (``ReplayedScores``; AdaKV's around them). This is exactly what the hooks would have done in a
+real prefill: compression happens after a layer's attention, so no layer's input depends on another
+layer's compression. H2O reads eager attention weights: one eager prefill per example keeps each
+layer's scores (kvpress's own ``ObservedAttentionPress.score``) and its keys and values (they differ
+from sdpa's in the last bits), unless its eager attention would exceed the press's
+``max_eager_bytes`` (its scores are then computed in chunks in the shared prefill). A press of any
+other family is compressed by a prefill under it (``press_prefill``).
 
 Decode batched (``generate_batch``): greedy decoding of a small model on a CPU reads every weight
 once per token, whatever the batch, so B configurations of one example decode side by side. Their
-caches are stacked along the batch axis, each layer padded to the longest configuration, and
+caches are stacked along the batch axis layer by layer, each item's layer freed once copied (the
+peak is the B caches plus one layer's stack), each layer padded to the longest configuration, and
 decoded through the correction's biased attention: bias 0 on a top-k cache, the SNIS log-weights on
 a sampled one, the dtype's lowest value on padding (exp of it is exactly 0). The arithmetic is the
 same up to float rounding, so a greedy near-tie can flip; kvpress's ``generate_answer`` is the
