@@ -67,7 +67,7 @@ def measure(spec: dict) -> dict:
     if case in ("press", "engine"):
         ids = common.context_ids(tokenizer, n, device=model.device)
         press = Config(name, ratio, 0).build()
-        with common.PeakMemory(model.device) as memory, common.Stopwatch(model.device) as watch:
+        with common.PeakMemory(model.device, anonymous=True) as memory, common.Stopwatch(model.device) as watch:
             if case == "press":
                 cache = press_prefill(model, ids, press)
             else:
@@ -82,7 +82,7 @@ def measure(spec: dict) -> dict:
         out["n_context"] = inputs["context_ids"].shape[1]
         if case == "pipeline":
             press = Config(name, ratio, 0).build()
-            with common.PeakMemory(model.device) as memory:
+            with common.PeakMemory(model.device, anonymous=True) as memory:
                 out["answer"] = pipe(row["context"], question=row["question"], answer_prefix=row["answer_prefix"],
                                      press=press, max_new_tokens=MAX_NEW_TOKENS)["answer"]
         else:
@@ -90,7 +90,7 @@ def measure(spec: dict) -> dict:
             frame = pd.DataFrame([{**row.to_dict(), "max_new_tokens": MAX_NEW_TOKENS}])
             with tempfile.TemporaryDirectory() as tmp:
                 store = ResultStore(Path(tmp) / "results.jsonl")
-                with common.PeakMemory(model.device) as memory:
+                with common.PeakMemory(model.device, anonymous=True) as memory:
                     run(model, tokenizer, frame, configs, store, model_name="bench", dataset="ruler", data_dir=str(n),
                         decode_batch=spec.get("decode_batch", 1), progress=False)
                 out["answers"] = store.load().set_index("press").prediction.to_dict()
@@ -111,12 +111,12 @@ def measure(spec: dict) -> dict:
         out["items_bytes"] = tensor_bytes(t for item in items for t in (*item.keys, *item.values, *item.bias))
         stacks = stack_bytes(items, room)
         out["stacked_bytes"], out["one_layer_stack_bytes"] = sum(stacks), max(stacks)
-        with common.PeakMemory(model.device) as stacking:
+        with common.PeakMemory(model.device, anonymous=True) as stacking:
             batched = stack(items, room)
         out["stack_extra_bytes"] = stacking.extra_bytes
         del batched, items
         items = compressed()
-        with common.PeakMemory(model.device) as memory:
+        with common.PeakMemory(model.device, anonymous=True) as memory:
             out["answers"] = generate_batch(model, tokenizer, question_ids, items, n_context, MAX_NEW_TOKENS)
     else:
         raise ValueError(f"unknown case {case!r}")
