@@ -26,6 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=4, help="B of the batched-decoding case (0: skip it; default 4)")
     parser.add_argument("--decode-press", default="prob_min_h", help="the press of the B decoded caches (seeds 0..B-1)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads of each case (default: torch's)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="rewrite memory.md from the memory.json of these --lengths (after a change of the report)")
 
 
 def main(args: argparse.Namespace) -> object:
@@ -38,6 +40,11 @@ def main(args: argparse.Namespace) -> object:
                 "ratio": args.ratio, "lengths": lengths, "threads": args.threads}
     info = common.machine_info()
     out = Path(args.out) / "memory" / "-".join(map(str, lengths))
+    if args.report_only:
+        import json
+
+        saved = json.loads((out / "memory.json").read_text())
+        return write_outputs(saved["rows"], saved["settings"], saved["machine"], out, saved["status"])
     rows, todo = [], cases(lengths, args.presses, args.paths, args.ratio, args.pipeline_presses, args.runner_presses,
                            args.decode_press, args.batch, args.decode_batch)
     start = time.time()
