@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
+import torch
 from kvpress import BasePress, KVPressTextGenerationPipeline
 from tqdm.auto import tqdm
 
@@ -64,6 +65,7 @@ def configurations(presses: list[str], ratios: list[float], seeds: list[int]) ->
     return configs
 
 
+@torch.no_grad()  # kvpress's generate_answer, called outside its pipeline, would otherwise record autograd graphs
 def run(
     model,
     tokenizer,
