@@ -234,12 +234,24 @@ class Prefill:
         return {layer.self_attn: stored[layer.self_attn.layer_idx] for layer in self.layers
                 if layer.self_attn.layer_idx in stored}
 
+    def take_full(self) -> DynamicCache:
+        """The full cache, handed over: this prefill drops its own references to it (and everything
+        else it holds), so decoding it frees each layer as it is replaced, whoever still holds this
+        object (a press's check of its wrappers snapshots the callers' frames). Nothing can be
+        compressed afterwards."""
+        cache = self.compress(None)
+        self.full_cache = self.keys = self.values = self._eager = None
+        self.stored = {}
+        return cache
+
     @torch.no_grad()
     def compress(self, press: BasePress | None) -> DynamicCache:
         """A cache holding what ``press`` would have left after this prefill (None: the full cache).
         Its layers start as the prefill's own tensors, which no press writes into (they gather or
         mask), so nothing is copied. A SamplingPress's correction is on the returned cache, as after
         a real prefill under the press."""
+        if self.keys is None:
+            raise RuntimeError("this Prefill handed its full cache over (take_full): prefill the example again")
         self._reset_modules()
         p = plan(self.model, press, self.n)
         if p.kind == "prefill":

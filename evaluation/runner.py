@@ -133,15 +133,13 @@ def run(
 
         for cfg in [cfg for cfg in cfgs if cfg.press != REFERENCE]:
             start = time.perf_counter()
-            press = cfg.build()
-            cache = shared.compress(press)
-            realised, held = cache_summary(cache, press, n)
             if decode_batch == 1:
+                cache, realised, held = _compressed(shared, cfg, n)
                 prediction = pipe.generate_answer(question_ids, cache, n, int(row["max_new_tokens"]))
+                del cache
                 record(cfg, prediction, realised, held, time.perf_counter() - start)
             else:
-                pending.append((cfg, Compressed.take(cache, shared.layers), realised, held, time.perf_counter() - start))
-                del cache  # the item holds what it needs
+                pending.append((cfg, *_compressed(shared, cfg, n, take=True), time.perf_counter() - start))
                 if len(pending) == decode_batch:
                     flush()
             written += 1
@@ -149,12 +147,21 @@ def run(
             flush()
         for cfg in [cfg for cfg in cfgs if cfg.press == REFERENCE]:  # last, alone: nothing padded to full length
             start = time.perf_counter()
-            cache = shared.compress(None)
-            del shared  # the cache now holds the prefill's only copy, which decoding replaces layer by layer
+            cache = shared.take_full()  # the prefill's only copy, which decoding replaces layer by layer
             realised, held = cache_summary(cache, None, n)
             prediction = pipe.generate_answer(question_ids, cache, n, int(row["max_new_tokens"]))
+            del cache
             record(cfg, prediction, realised, held, time.perf_counter() - start)
             written += 1
-        shared = None
+        del shared
     bar.close()
     return written
+
+
+def _compressed(shared: Prefill, cfg: Config, n: int, take: bool = False) -> tuple[Any, float, int]:
+    """(the compressed cache, or its ``Compressed`` item, realised ratio, K+V bytes held). Its own
+    frame: nothing of it outlives the call but what it returns."""
+    press = cfg.build()
+    cache = shared.compress(press)
+    realised, held = cache_summary(cache, press, n)
+    return (Compressed.take(cache, shared.layers) if take else cache), realised, held
