@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import random_ids, tiny_model
 from kvpress import ChunkKVPress, KVPressTextGenerationPipeline, SnapKVPress
-from test_proposals import dense_attention, layer_inputs
+from test_proposals import eager_attention, layer_inputs
 from test_runner import FAMILIES, examples
 from transformers import DynamicCache
 
@@ -66,14 +66,14 @@ def test_unannounced_press_costs_one_more_prefill(tokenizer):
     assert shared.prefills == 2
 
 
-def test_h2o_chunked_scores_match_eager_attention(model):
+def test_h2o_chunked_scores_match_eager_attention(model):  # eager weights in float32: rounding only
     """Above max_eager_bytes the H2O baseline computes kvpress's ObservedAttention scores from the
     queries in chunks, without eager attention: the same scores as the dense reference."""
     module, hidden, keys, values, kwargs = layer_inputs(model)
     n = keys.shape[2]
     press = EagerObservedAttentionPress(compression_ratio=0.5, max_eager_bytes=0, chunk_size=9)
     chunked = press.score(module, hidden, keys, values, None, kwargs)  # (1, H_kv, n)
-    A = dense_attention(module, hidden, keys, kwargs)[None]  # (1, H_q, n, n): eager's weights
+    A = eager_attention(model)[None]  # (1, H_q, n, n): the model's own eager weights, same ids
     eager = press.score(module, hidden, keys, values, A, kwargs)
     torch.testing.assert_close(chunked, eager, rtol=1e-5, atol=1e-7)
     assert press.eager_bytes(model, n) == model.config.num_attention_heads * n * n * 4
