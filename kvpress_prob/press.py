@@ -2,34 +2,18 @@
 
 from __future__ import annotations
 
-import functools
-import inspect
-import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
-from kvpress import (
-    AdaKVPress,
-    BlockPress,
-    ChunkPress,
-    ComposedPress,
-    DecodingPress,
-    KeyRerotationPress,
-    PerLayerCompressionPress,
-    PrefillDecodingPress,
-)
 from kvpress.presses.base_press import BasePress, is_prefilling
 from torch import nn
 from transformers import Cache, Gemma3ForConditionalGeneration, PreTrainedModel, QuantizedCache
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from kvpress_prob import correction
+from kvpress_prob import attention, correction, wrappers
 from kvpress_prob.budget import SCOPES
 from kvpress_prob.proposals import AttentionProposal, MinVarianceProposal, Proposal, ScoreProposal
 from kvpress_prob.samplers import Draw, PoissonSampler, Sampler
-
-correction.install()
 
 
 def language_model(model: PreTrainedModel) -> nn.Module:
@@ -52,8 +36,10 @@ class SamplingPress(BasePress):
     a hooked layer, repeats one or stops before the last raises instead of evicting nothing.
 
     Inside kvpress's wrappers: last in a ``ComposedPress`` and as a ``PrefillDecodingPress``'s
-    ``prefilling_press`` it runs as alone; every other wrapper (``REFUSED`` and any unknown one) is
-    refused at construction and at ``__call__`` with the alternative to use (README table).
+    ``prefilling_press`` it runs as alone; every other wrapper (``wrappers.REFUSED`` and any unknown
+    one) is refused with the alternative to use, before its first prefill evicts or skips anything
+    (``kvpress_prob.wrappers``; README table). Importing this package changes no kvpress class and no
+    attention function: entering the press wraps the attention functions (``kvpress_prob.attention``).
 
     The kept count is random for a random design ("soft" budget): its expectation is
     (1 - compression_ratio) * n per head on average over the budget's scope, its realisation is in
@@ -112,18 +98,18 @@ class SamplingPress(BasePress):
             raise TypeError(f"sampler must be a kvpress_prob Sampler, got {type(self.sampler).__name__}")
         self._pending: dict[nn.Module, torch.Tensor | None] = {}  # attention module -> its proposal, this prefill
         self._layers: list[int] = []  # indices of the hooked attention layers (set by post_init_from_model)
+        self._alone = False  # inside this press's own ``__call__``
+        self._armed = None  # the pending wrapper check (``wrappers.arm``)
 
     def post_init_from_model(self, model: PreTrainedModel):
-        check_wrappers(self)
+        """Called on entry (by this press's ``__call__`` or by a wrapper's): wraps the attention
+        functions, and under a wrapper arms the check of that wrapper at the prefill's first layer."""
         self._layers = hooked_layers(model)
         self._pending = {}
-        implementation = model.config._attn_implementation
-        if implementation not in ALL_ATTENTION_FUNCTIONS:
-            raise ValueError(
-                f"SamplingPress needs an attention implementation from ALL_ATTENTION_FUNCTIONS "
-                f"{sorted(ALL_ATTENTION_FUNCTIONS.keys())}, got attn_implementation={implementation!r}: "
-                f"load the model with attn_implementation='sdpa'"
-            )
+        attention.check_implementation(model)
+        attention.install()
+        if not self._alone:
+            wrappers.arm(self, language_model(model).layers[self._layers[0]].self_attn)
         if isinstance(self.proposal, ScoreProposal):
             self.proposal.scorer.compression_ratio = self.compression_ratio
             self.proposal.scorer.post_init_from_model(model)
@@ -162,7 +148,8 @@ class SamplingPress(BasePress):
             return output
         layers = self._layers or list(range(module.config.num_hidden_layers))
         if module.layer_idx == layers[0]:
-            check_wrappers(self)
+            wrappers.disarm(self)
+            wrappers.check(self, module)
             if self._pending:
                 self._abandon(f"a new prefill started at layer {module.layer_idx}")
         expected = layers[len(self._pending)] if len(self._pending) < len(layers) else None
@@ -189,13 +176,15 @@ class SamplingPress(BasePress):
             f"raised, enter the press's context again)"
         )
 
-    def score(self, *args, **kwargs):
-        """Refused: kvpress's wrappers that call ``score`` take a top-k of it (see ``REFUSED``)."""
-        raise TypeError(refusal_message(calling_wrapper(self), "score"))
+    def score(self, module=None, *args, **kwargs):
+        """Refused: kvpress's wrappers that call ``score`` take a top-k of it (``wrappers.REFUSED``)."""
+        wrappers.disarm(self)
+        raise TypeError(wrappers.refusal_message(self, module, "score"))
 
-    def compress(self, *args, **kwargs):
+    def compress(self, module=None, *args, **kwargs):
         """Refused: SamplingPress evicts every layer at once at the end of the prefill (``evict``)."""
-        raise TypeError(refusal_message(calling_wrapper(self), "compress"))
+        wrappers.disarm(self)
+        raise TypeError(wrappers.refusal_message(self, module, "compress"))
 
     @torch.no_grad()
     def evict(self, cache: Cache, proposals: dict[nn.Module, torch.Tensor]) -> Draw:
@@ -205,6 +194,8 @@ class SamplingPress(BasePress):
         ``last_draw``); fills ``stats``."""
         if not proposals:
             raise ValueError("evict needs the proposal of at least one layer")
+        wrappers.disarm(self)  # called directly: no wrapper to check
+        attention.install()
         modules = sorted(proposals, key=lambda module: module.layer_idx)
         device = proposals[modules[0]].device  # layers may sit on several devices: draw on the first one's
         pi = torch.stack([proposals[module].to(device) for module in modules]).double()  # (L, b, H_kv, n)
@@ -258,12 +249,15 @@ class SamplingPress(BasePress):
         """Hook every attention layer of ``model`` for the prefills run inside the block; on a clean
         exit, a prefill left without its eviction (it never reached the last layer) raises."""
         self._pending = {}
+        self._alone = True
         try:
             with super().__call__(model):
                 yield
         except BaseException:
             self._pending = {}
             raise
+        finally:
+            self._alone = False
         if self._pending:
             self._abandon("the press's context exited")
 
@@ -274,168 +268,3 @@ def hooked_layers(model: PreTrainedModel) -> list[int]:
     layers = language_model(model).layers
     gemma3 = isinstance(model, Gemma3ForConditionalGeneration)
     return [layer.self_attn.layer_idx for layer in layers if not (gemma3 and layer.self_attn.is_sliding)]
-
-
-# ---- SamplingPress inside kvpress's wrappers (README, "SamplingPress inside kvpress's wrappers") ----
-
-#: kvpress wrappers that cannot hold a SamplingPress: why, and what to use instead.
-REFUSED: dict[type, tuple[str, str]] = {
-    PerLayerCompressionPress: (
-        "it sets a different compression_ratio on the inner press at each layer's hook, but a SamplingPress "
-        "draws every layer at once under one budget at the last layer, so per-layer ratios would be "
-        "silently replaced by the last layer's",
-        "SamplingPress(budget='layer') (each layer keeps 1 - compression_ratio of its entries in expectation) "
-        "or budget='global' (the budget goes where the proposal puts its mass)",
-    ),
-    KeyRerotationPress: (
-        "it takes a top-k of the inner press's scores and re-rotates the kept keys to positions 0..k-1, but a "
-        "SamplingPress keeps a random number of entries per head, padded, at their original positions",
-        "the SamplingPress alone, or KeyRerotationPress around a kvpress ScorerPress",
-    ),
-    ChunkPress: (
-        "it takes a top-k of the inner press's scores in every chunk, which replaces the sampling and its "
-        "correction weights",
-        "the SamplingPress alone (budget='head' for a fixed expected budget per head), or ChunkPress around "
-        "a kvpress ScorerPress",
-    ),
-    BlockPress: (
-        "it takes a top-k of the inner press's scores block by block, which replaces the sampling and its "
-        "correction weights",
-        "the SamplingPress alone, or BlockPress around a kvpress ScorerPress",
-    ),
-    DecodingPress: (
-        "it compresses during decoding with a top-k of the inner press's scores, but a SamplingPress "
-        "compresses at prefill, and a decoding-time cut would drop entries that carry correction weights",
-        "PrefillDecodingPress(prefilling_press=<the SamplingPress>) with no decoding_press, or DecodingPress "
-        "around a kvpress ScorerPress",
-    ),
-    AdaKVPress: (
-        "it masks a head-adaptive top-k of the inner press's scores, which replaces the sampling; a "
-        "SamplingPress already spreads its budget over heads and layers",
-        "the SamplingPress alone (budget='global' is head- and layer-adaptive), or "
-        "get_press(<name>, ratio, sampler='topk') for a deterministic top-k under the same allocation",
-    ),
-}
-
-
-def _holds(container, press, depth: int = 0) -> bool:
-    """Whether ``container`` (a press, or a list / tuple / dict of them) holds ``press``, at any depth."""
-    if container is press:
-        return True
-    if depth > 8:
-        return False
-    if isinstance(container, (list, tuple)):
-        return any(_holds(item, press, depth + 1) for item in container)
-    if isinstance(container, dict):
-        return any(_holds(item, press, depth + 1) for item in container.values())
-    if isinstance(container, BasePress) and not isinstance(container, SamplingPress):
-        return any(_holds(value, press, depth + 1) for value in vars(container).values())
-    return False
-
-
-def refusal(kind: type, fields: dict, press: SamplingPress) -> str | None:
-    """Why a wrapper of type ``kind`` with these ``fields`` cannot run ``press`` (None: it can)."""
-    name = kind.__name__
-    if issubclass(kind, ComposedPress):
-        presses = list(fields.get("presses") or [])
-        if presses and _holds(presses[-1], press) and not _holds(presses[:-1], press):
-            return None
-        return (
-            f"ComposedPress must have the SamplingPress last: a SamplingPress evicts every layer when the last "
-            f"layer is reached, so a press after it would shorten layers 0..L-2 before the draw. Use instead: "
-            f"ComposedPress([<other presses>, <the SamplingPress>])"
-        )
-    if issubclass(kind, PrefillDecodingPress):
-        if _holds(fields.get("prefilling_press"), press) and fields.get("decoding_press") is None:
-            return None
-        return (
-            f"{name} may hold a SamplingPress only as its prefilling_press, with decoding_press=None: a decoding "
-            f"press would cut a cache whose entries carry correction weights. Use instead: "
-            f"PrefillDecodingPress(prefilling_press=<the SamplingPress>)"
-        )
-    for refused, (why, instead) in REFUSED.items():
-        if issubclass(kind, refused):
-            return f"{name} cannot wrap a SamplingPress: {why}. Use instead: {instead}"
-    return (
-        f"{name} cannot wrap a SamplingPress: it has not been checked with one, and a wrapper that does not "
-        f"call its forward_hook at every layer would silently skip the eviction. Use instead: the "
-        f"SamplingPress alone, last in a ComposedPress, or as a PrefillDecodingPress's prefilling_press"
-    )
-
-
-def calling_wrapper(press: SamplingPress) -> type | None:
-    """The type of the innermost press on the call stack that holds ``press`` (None: called directly)."""
-    wrappers = enclosing_presses(press)
-    return type(wrappers[0]) if wrappers else None
-
-
-def enclosing_presses(press: SamplingPress) -> list[BasePress]:
-    """The presses on the call stack that hold ``press``, innermost first: the kvpress wrappers it
-    runs in (their ``__call__``, ``post_init_from_model`` or ``forward_hook`` are on the stack)."""
-    found, seen = [], {id(press)}
-    frame = sys._getframe(1)
-    while frame is not None:
-        owner = frame.f_locals.get("self")
-        if isinstance(owner, BasePress) and id(owner) not in seen:
-            seen.add(id(owner))
-            if _holds(owner, press):
-                found.append(owner)
-        frame = frame.f_back
-    return found
-
-
-def check_wrappers(press: SamplingPress) -> None:
-    """Raise TypeError if ``press`` runs inside a kvpress wrapper that would not run it correctly."""
-    for wrapper in enclosing_presses(press):
-        reason = refusal(type(wrapper), vars(wrapper), press)
-        if reason is not None:
-            raise TypeError(reason)
-
-
-def refusal_message(kind: type | None, method: str) -> str:
-    """The error of a wrapper of type ``kind`` (None: unknown) calling SamplingPress's ``method``."""
-    for refused, (why, instead) in REFUSED.items():
-        if kind is not None and issubclass(kind, refused):
-            return f"{kind.__name__} cannot wrap a SamplingPress: {why}. Use instead: {instead}"
-    return (
-        f"SamplingPress has no per-layer {method}(): it draws every layer at once at the end of the prefill "
-        f"(propose / evict). Use it alone, last in a ComposedPress, or as a PrefillDecodingPress's prefilling_press"
-    )
-
-
-def _guard_construction(kind: type) -> None:
-    """Make ``kind(...)`` refuse a SamplingPress it cannot run with the same message as at ``__call__``
-    (kvpress's own checks would stop at a bare assertion that names no alternative)."""
-    original = kind.__init__
-    if getattr(original, "_kvprob_guard", False):
-        return
-    signature = inspect.signature(original)
-
-    @functools.wraps(original)
-    def __init__(self, *args, **kwargs):
-        fields = signature.bind(self, *args, **kwargs).arguments
-        fields.pop("self", None)
-        for press in _sampling_presses(list(fields.values())):
-            reason = refusal(kind, fields, press)
-            if reason is not None:
-                raise TypeError(reason)
-        original(self, *args, **kwargs)
-
-    __init__._kvprob_guard = True
-    kind.__init__ = __init__
-
-
-def _sampling_presses(container, depth: int = 0) -> list[SamplingPress]:
-    if isinstance(container, SamplingPress):
-        return [container]
-    if depth > 8:
-        return []
-    if isinstance(container, (list, tuple)):
-        return [p for item in container for p in _sampling_presses(item, depth + 1)]
-    if isinstance(container, BasePress):
-        return [p for value in vars(container).values() for p in _sampling_presses(value, depth + 1)]
-    return []
-
-
-for _kind in (ComposedPress, PrefillDecodingPress, *REFUSED):
-    _guard_construction(_kind)

@@ -7,11 +7,14 @@ the same cumulative attention recomputed on sdpa), prob_min / prob_min_h (pi_min
 prob_h2o_h; each of these (and the beyond-the-paper ones below) has an uncorrected ablation
 ``<name>_nocorr``; for any other sampling press pass ``correct=False``.
 topk_min_h: pi_min-h kept by top-k under the same global allocation (TopKSampler).
+Head-adaptive top-k that frees memory (``ADAPTIVE``): <scorer>_adaptive for snapkv, tova, knorm, keydiff,
+expected_attention, lagkv, next to kvpress's AdaKV over the same scorer (adakv_<scorer>, which masks).
 Beyond the paper: prob_min_c (pi_min centred), prob_min_h_strata (alpha = 0.5), prob_min_h_coord
 (coordinated sampling), prob_min_h_shared (one proposal shared by a layer's heads),
 prob_snapkv_strata (alpha = 0.5), prob_min_h_ht and prob_snapkv_ht (Horvitz-Thompson weights 1 / q_i).
 Stronger kvpress top-k baselines (``STRONGER``): expected_attention (under AdaKV, as kvpress's own
 evaluation registry runs it), keydiff, lagkv, adakv_<tova|knorm|keydiff|lagkv>.
+prob_min_h_s256: pi_min-h estimated from 256 sampled query rows (sub-quadratic; ``SampledMinVarianceProposal``).
 Sampling designs beyond the paper's draws (``_DESIGNS``): threshold (pi-ps), priority and block
 (cluster) samplers over several proposals, sharpened proposals; topk_<proposal>_block8/16 are the
 block designs' deterministic twins (top-k over blocks). ``RECOMMENDED`` names the probabilistic press
@@ -41,7 +44,8 @@ from kvpress import (
 )
 
 from kvpress_prob.press import SamplingPress, language_model
-from kvpress_prob.proposals import H2OProposal, MinVarianceProposal, ScoreProposal, attention_mass, chunk_rows, rope_queries
+from kvpress_prob.proposals import (H2OProposal, MinVarianceProposal, SampledMinVarianceProposal, ScoreProposal,
+                                   attention_mass, chunk_rows, rope_queries)
 from kvpress_prob.samplers import PoissonSampler, Sampler, TopKSampler
 from kvpress_prob.samplers.block import BlockSampler
 from kvpress_prob.samplers.priority import PrioritySampler
@@ -112,8 +116,9 @@ class EagerObservedAttentionPress(ObservedAttentionPress):
         queries = rope_queries(module, hidden_states, kwargs["position_embeddings"])  # (b, H_q, n, d)
         scaling = getattr(module, "scaling", 1.0 / math.sqrt(d))
         ones = torch.ones(n, device=keys.device)
-        rows = self.chunk_size or chunk_rows(keys, queries.shape[1], module.config.num_hidden_layers)
-        mass = attention_mass(queries, keys, ones, 0, scaling, rows)  # (b, H_q, n): sum_j p_j(i)
+        per_chunk = self.chunk_size or chunk_rows(keys, queries.shape[1], module.config.num_hidden_layers)
+        rows = torch.arange(n, device=keys.device)
+        mass = attention_mass(queries, rows, keys, ones, scaling, per_chunk)  # (b, H_q, n): sum_j p_j(i)
         mass = mass / torch.arange(n, 0, -1, device=keys.device)  # rows j >= i that see entry i
         return mass.view(b, hkv, -1, n).mean(2).to(keys.dtype)
 
@@ -203,6 +208,8 @@ _DESIGNS: dict[str, Callable[[float], SamplingPress]] = {
     "prob_lagkv": _sampling(lambda: ScoreProposal(scorer=LagKVPress())),
     "prob_min_shared": _sampling(lambda: MinVarianceProposal(harmonic=False, head_shared=True)),
     "prob_min_h_w64": _sampling(lambda: MinVarianceProposal(harmonic=True, query_window=64)),
+    # pi_min-h from 256 sampled query rows, O(s n): s chosen on the development split (docs/method.md)
+    "prob_min_h_s256": _sampling(lambda: SampledMinVarianceProposal(query_rows=256)),
     # sampling designs beyond draws with replacement
     "prob_tova_threshold": _sampling(_tova, ThresholdSampler),
     "prob_tova_priority": _sampling(_tova, PrioritySampler),
@@ -229,6 +236,19 @@ _DESIGNS: dict[str, Callable[[float], SamplingPress]] = {
     "prob_expected_attention_block8": _sampling(_expected_attention, lambda: BlockSampler(size=8)),
 }
 
+#: Head-adaptive top-k that frees memory, one per kvpress scorer we register, named after the kvpress press
+#: it adapts (``snapkv_adaptive`` next to ``snapkv``): the scorer's scores as a proposal, each layer's
+#: budget (1 - r) n H_kv shared by its heads (``budget="layer"``, chosen on the development split: the
+#: global budget starves mid layers, README "Decomposition"), each head keeping its top k_h, and only
+#: the kept entries stored (padded to the layer's largest head). kvpress's ``AdaKVPress`` (``adakv_*``)
+#: adapts the same way but masks, and frees no memory.
+ADAPTIVE: dict[str, Callable[[float], SamplingPress]] = {
+    f"{name}_adaptive": _sampling(lambda scorer=scorer: ScoreProposal(scorer=scorer()), TopKSampler, budget="layer")
+    for name, scorer in [("snapkv", SnapKVPress), ("tova", TOVAPress), ("knorm", KnormPress),
+                         ("keydiff", KeyDiffPress), ("expected_attention", lambda: ExpectedAttentionPress(epsilon=1e-2)),
+                         ("lagkv", LagKVPress)]
+}
+
 PRESSES: dict[str, Callable[[float], BasePress]] = {
     **BASELINES,
     **STRONGER,
@@ -241,6 +261,7 @@ PRESSES: dict[str, Callable[[float], BasePress]] = {
     "topk_keydiff_block8": _sampling(_keydiff, lambda: BlockSampler(size=8, inner=TopKSampler()), budget="head"),
     **_PROB,
     **_DESIGNS,
+    **ADAPTIVE,
     **{f"{name}_nocorr": _uncorrected(factory) for name, factory in _PROB.items()},
 }
 

@@ -96,6 +96,28 @@ def test_byte_accounting_by_hand():
     assert speed.bias_bytes(model) == 0
 
 
+def test_adaptive_top_k_frees_what_adakv_only_masks():
+    """The same head-adaptive budget two ways: kvpress's AdaKV keeps the full cache and masks r of each
+    layer's entries; <scorer>_adaptive stores only the kept ones, each layer padded to its largest head."""
+    model = tiny_model("llama")
+    n, layers, kv_heads, head_dim, fp32 = 96, 3, 2, 16, 4
+    ids = random_ids(n, seed=2)
+    full = layers * 2 * kv_heads * n * head_dim * fp32
+    adakv_cache = speed.prefill(model, ids, "adakv_snapkv", 0.5).cache
+    assert speed.cache_bytes(adakv_cache) == full
+    masks = speed.masks_of(model)
+    assert [len(mask[0]) for mask in masks] == [kv_heads * n // 2] * layers  # masked, not freed
+    speed.set_masks(model, [None] * layers)
+    cache, press, _, _ = speed.prefill(model, ids, "snapkv_adaptive", 0.5)
+    kept = press.last_draw.keep[:, 0].sum(-1)  # (L, H): the counts differ between heads
+    # AdaKV's per-layer budget, less the rounding down of each head's count (at most one entry per head)
+    assert all(kv_heads * n // 2 - kv_heads < int(kept[l].sum()) <= kv_heads * n // 2 for l in range(layers))
+    assert bool((kept[:, 0] != kept[:, 1]).any())
+    assert speed.cache_bytes(cache) == sum(2 * kv_heads * int(kept[l].max()) * head_dim * fp32 for l in range(layers))
+    assert speed.cache_bytes(cache) < full
+    speed.clear_biases(model)
+
+
 # --------------------------------------------------------------------------- budget
 
 
@@ -205,14 +227,20 @@ def test_speed_run_end_to_end_on_a_tiny_model(tmp_path, tokenizer):
     from evaluation.bench.speed import report
 
     model = tiny_model("llama")
-    raw = speed.run(model, tokenizer, [96], 1, 0.5, [0.25, 0.5], 3, 1, ["full", "snapkv", "prob_snapkv", "prob_min_h"],
-                    log=lambda *a: None)
+    raw = speed.run(model, tokenizer, [96], 1, 0.5, [0.25, 0.5], 3, 1,
+                    ["full", "snapkv", "prob_snapkv", "prob_min_h", "adakv_snapkv", "snapkv_adaptive"], log=lambda *a: None)
     peak = raw["peak"]
     assert set(zip(peak.press, peak.path)) == {(p, path) for p in ("full", "snapkv", "prob_snapkv", "prob_min_h")
                                                for path in ("press", "engine")}
     assert (peak.peak_bytes >= peak.start_bytes).all() and peak.method.str.startswith("RSS").all()
-    assert set(raw["decode"].variant) == set(speed.DECODE_VARIANTS) and (raw["decode"].steps == 3).all()
+    # presses beyond the defaults are decoded as their own variant and measured at every memory ratio
+    assert set(raw["decode"].variant) == {*speed.DECODE_VARIANTS, "adakv_snapkv", "snapkv_adaptive"}
+    assert (raw["decode"].steps == 3).all()
     mem = raw["memory"].set_index(["press", "ratio"])
+    for r in (0.25, 0.5):
+        assert mem.loc[("adakv_snapkv", r), "bytes_stored"] == mem.loc[("full", 0.5), "bytes_full"]  # masks, frees nothing
+        assert mem.loc[("snapkv_adaptive", r), "bytes_stored"] == mem.loc[("snapkv_adaptive", r), "stats_bytes_stored"]
+        assert mem.loc[("snapkv_adaptive", r), "bytes_stored"] < mem.loc[("adakv_snapkv", r), "bytes_stored"]
     assert mem.loc[("snapkv", 0.5), "stored_over_budget"] == 1.0
     assert mem.loc[("prob_snapkv", 0.25), "bytes_stored"] == mem.loc[("prob_snapkv", 0.25), "stats_bytes_stored"]
     assert raw["draws"].same_kept_as_corrected.dropna().all()  # nocorr keeps the corrected press's set

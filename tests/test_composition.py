@@ -2,6 +2,7 @@
 with an error naming the wrapper and what to use instead (README, "SamplingPress in kvpress's
 wrappers"). None may run and silently skip the eviction."""
 
+from collections import defaultdict
 from dataclasses import dataclass
 
 import pytest
@@ -113,39 +114,14 @@ def test_prefill_decoding_press_with_a_prob_prefilling_press_equals_the_press(to
     assert torch.equal(presses[0].last_draw.keep, presses[1].last_draw.keep)
 
 
-# ---- refused at construction ----
+# ---- refused before the prefill evicts or skips anything ----
+# kvpress's own constructors refuse a press that is not a ScorerPress (their assertions, which we leave
+# alone); under ``python -O``, with fields edited later, or for a wrapper kvpress accepts, the
+# SamplingPress refuses at the first forward of the prefill, naming the wrapper and what to use instead.
 
 def prob():
     return get_press("prob_min_h", 0.5)
 
-
-REFUSED = {
-    "PerLayerCompressionPress": lambda: PerLayerCompressionPress(press=prob(), compression_ratios=[0.3, 0.5, 0.7]),
-    "KeyRerotationPress": lambda: KeyRerotationPress(press=prob()),
-    "ChunkPress": lambda: ChunkPress(press=prob(), chunk_length=32),
-    "BlockPress": lambda: BlockPress(press=prob(), block_size=32),
-    "DecodingPress": lambda: DecodingPress(base_press=prob()),
-    "AdaKVPress": lambda: AdaKVPress(press=prob()),
-    "ComposedPress": lambda: ComposedPress([prob(), KnormPress(compression_ratio=0.5)]),
-    "PrefillDecodingPress": lambda: PrefillDecodingPress(
-        prefilling_press=prob(), decoding_press=DecodingPress(base_press=KnormPress())),
-}
-
-
-@pytest.mark.parametrize("wrapper", sorted(REFUSED))
-def test_unsupported_wrappers_are_refused_at_construction(wrapper):
-    with pytest.raises(TypeError, match=f"{wrapper}.*Use instead: .+"):
-        REFUSED[wrapper]()
-
-
-def test_wrappers_without_a_sampling_press_are_untouched():
-    press = AdaKVPress(press=SnapKVPress(compression_ratio=0.5))
-    assert press.compression_ratio == 0.5
-    with pytest.raises(AssertionError, match="ChunkPress requires a ScorerPress"):
-        ChunkPress(press=BasePress())  # kvpress's own check still runs
-
-
-# ---- refused at __call__ / forward when the construction check was bypassed ----
 
 def bypass(kind, **fields):
     """The wrapper as ``python -O`` (no asserts) or a later edit of its fields would leave it."""
@@ -154,21 +130,72 @@ def bypass(kind, **fields):
     return wrapper
 
 
-BYPASSED = {
+#: wrappers kvpress's constructor refuses (a SamplingPress is no ScorerPress), and its message
+KVPRESS_ASSERTS = {
+    "PerLayerCompressionPress": (lambda: PerLayerCompressionPress(press=prob(), compression_ratios=[0.3, 0.5, 0.7]),
+                                 "requires a ScorerPress"),
+    "KeyRerotationPress": (lambda: KeyRerotationPress(press=prob()), None),  # a bare assert
+    "ChunkPress": (lambda: ChunkPress(press=prob(), chunk_length=32), "ChunkPress requires a ScorerPress"),
+    "BlockPress": (lambda: BlockPress(press=prob(), block_size=32), "BlockPress requires a ScorerPress"),
+    "DecodingPress": (lambda: DecodingPress(base_press=prob()), "DecodingPress requires a ScorerPress"),
+    "AdaKVPress": (lambda: AdaKVPress(press=prob()), "AdaKVPress requires a ScorerPress"),
+}
+
+
+@pytest.mark.parametrize("wrapper", sorted(KVPRESS_ASSERTS))
+def test_kvpress_constructors_keep_their_own_refusal(wrapper):
+    make, message = KVPRESS_ASSERTS[wrapper]
+    with pytest.raises(AssertionError, match=message):
+        make()
+
+
+#: every refused wrapper, as it runs when kvpress's assertions are off or its fields were edited
+REFUSED = {
     "PerLayerCompressionPress": lambda: bypass(PerLayerCompressionPress, press=prob(), compression_ratios=[0.3, 0.5, 0.7]),
     "KeyRerotationPress": lambda: bypass(KeyRerotationPress, press=prob()),
     "ChunkPress": lambda: bypass(ChunkPress, press=prob(), chunk_length=32),
     "BlockPress": lambda: bypass(BlockPress, press=prob(), block_size=32),
     "AdaKVPress": lambda: bypass(AdaKVPress, press=prob(), alpha_safeguard=0.2),
+    # calls nothing of the press during the prefill: refused before the prefill, not at its decoding
+    "DecodingPress": lambda: bypass(DecodingPress, base_press=prob(), compression_interval=2, target_size=40,
+                                    hidden_states_buffer_size=0, hidden_states_buffer=defaultdict(list),
+                                    layer_step_counts=defaultdict(int)),
+    # kvpress accepts these two
+    "ComposedPress": lambda: ComposedPress([prob(), KnormPress(compression_ratio=0.5)]),
+    "PrefillDecodingPress": lambda: PrefillDecodingPress(
+        prefilling_press=prob(), decoding_press=DecodingPress(base_press=KnormPress())),
 }
 
 
-@pytest.mark.parametrize("wrapper", sorted(BYPASSED))
-def test_unsupported_wrappers_are_refused_at_call_when_constructed_without_checks(wrapper):
+def first_layer_inputs(model):
+    """Record which attention layers ran their forward (to show a refused prefill stopped at once)."""
+    seen = []
+    handles = [layer.self_attn.register_forward_hook(lambda m, a, o: seen.append(m.layer_idx))
+               for layer in language_model(model).layers]
+    return seen, handles
+
+
+@pytest.mark.parametrize("wrapper", sorted(REFUSED))
+def test_unsupported_wrappers_are_refused_before_the_prefill_runs(wrapper):
     model = tiny_model("llama")
-    press = BYPASSED[wrapper]()
-    with pytest.raises(TypeError, match=f"{wrapper} cannot wrap a SamplingPress.*Use instead"):
+    press = REFUSED[wrapper]()
+    seen, handles = first_layer_inputs(model)
+    with pytest.raises(TypeError, match=f"{wrapper}.*Use instead: .+"):
         run(model, press, random_ids(N))
+    for handle in handles:
+        handle.remove()
+    # refused before the first attention layer ran (PerLayerCompressionPress, which never calls the press's
+    # post_init_from_model: at that layer's hook), so nothing was evicted or skipped
+    assert seen == ([0] if wrapper == "PerLayerCompressionPress" else [])
+    for layer in language_model(model).layers:  # the one-shot check removed itself
+        assert not layer.self_attn._forward_pre_hooks and not layer.self_attn._forward_hooks
+
+
+def test_wrappers_without_a_sampling_press_are_untouched():
+    press = AdaKVPress(press=SnapKVPress(compression_ratio=0.5))
+    assert press.compression_ratio == 0.5
+    with pytest.raises(AssertionError, match="ChunkPress requires a ScorerPress"):
+        ChunkPress(press=BasePress())  # kvpress's own check still runs
 
 
 def test_composed_press_edited_after_construction_is_refused_at_call():
@@ -185,6 +212,21 @@ def test_decoding_press_is_refused_when_the_pipeline_enters_it():
                    decoding_press=DecodingPress(base_press=KnormPress(), compression_interval=2, target_size=40))
     with pytest.raises(TypeError, match="PrefillDecodingPress may hold a SamplingPress only as its prefilling_press"):
         run(model, press, random_ids(N))
+
+
+@pytest.mark.parametrize("method", ["score", "compress"])
+def test_a_wrapper_calling_a_method_the_press_lacks_is_refused_by_name(method):
+    """A wrapper that skips ``post_init_from_model`` and calls ``score`` / ``compress``: refused there,
+    naming the wrapper found on the module's hooks."""
+    model = tiny_model("llama")
+    press, module = prob(), language_model(model).layers[0].self_attn
+    wrapper = bypass(BlockPress, press=press, block_size=32)
+    handle = module.register_forward_hook(wrapper.forward_hook, with_kwargs=True)
+    with pytest.raises(TypeError, match="BlockPress cannot wrap a SamplingPress.*Use instead"):
+        getattr(press, method)(module, None, None, None, None, {})
+    handle.remove()
+    with pytest.raises(TypeError, match=f"no per-layer {method}.*Use it alone"):
+        getattr(press, method)(module, None, None, None, None, {})
 
 
 @dataclass
@@ -212,9 +254,11 @@ def test_an_unknown_wrapper_is_refused():
 
 
 def test_no_wrapper_leaves_a_correction_without_an_eviction():
-    """After every refusal above the model holds no correction: nothing half-done stays behind."""
+    """After every refusal above the model holds no correction and no hook: nothing half-done stays behind."""
     model = tiny_model("llama")
-    for make in BYPASSED.values():
+    for make in REFUSED.values():
         with pytest.raises(TypeError):
             run(model, make(), random_ids(N))
-    assert all(correction.bias_of(layer.self_attn) is None for layer in language_model(model).layers)
+    for layer in language_model(model).layers:
+        assert correction.bias_of(layer.self_attn) is None
+        assert not layer.self_attn._forward_pre_hooks and not layer.self_attn._forward_hooks

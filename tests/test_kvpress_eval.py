@@ -130,3 +130,89 @@ def test_launcher_outside_an_evaluation_folder_says_where_to_run(tmp_path, monke
     monkeypatch.delitem(sys.modules, "evaluate_registry", raising=False)
     with pytest.raises(SystemExit, match="kvpress's evaluation/ folder"):
         main([])
+
+
+#: A stand-in for kvpress's ``evaluation/evaluate.py`` (not in the kvpress wheel; nothing of it is
+#: copied here): the steps of its ``EvaluationRunner`` for a press outside its special cases, written
+#: against the installed kvpress: ``load_dataset(DATASET_REGISTRY[dataset], data_dir=..., split="test")``,
+#: ``PRESS_REGISTRY[press_name]`` with ``compression_ratio`` set, ``str(press)`` saved as
+#: ``press_init_command``, the "kv-press-text-generation" pipeline once per context with all its
+#: questions, then predictions.csv, metrics.json and config.yaml in a results folder.
+EVALUATE_STAND_IN = '''
+import json
+from pathlib import Path
+
+import yaml
+from datasets import load_dataset
+from transformers import pipeline
+
+from evaluate_registry import DATASET_REGISTRY, PRESS_REGISTRY, SCORER_REGISTRY
+
+
+class CliEntryPoint:
+    def __call__(self, dataset="ruler", data_dir=None, model="", press_name="knorm", compression_ratio=1.0,
+                 output_dir="./results", max_new_tokens=None):
+        assert dataset in DATASET_REGISTRY and press_name in PRESS_REGISTRY, (dataset, press_name)
+        press = PRESS_REGISTRY[press_name]
+        press.compression_ratio = compression_ratio
+        config = dict(dataset=dataset, data_dir=str(data_dir), model=model, press_name=press_name,
+                      compression_ratio=compression_ratio, press_init_command=str(press))
+        pipe = pipeline("kv-press-text-generation", model=model, device="cpu")
+        df = load_dataset(DATASET_REGISTRY[dataset], data_dir=str(data_dir), split="test").to_pandas()
+        df["predicted_answer"] = None
+        for context, group in df.groupby("context"):
+            output = pipe(context, questions=group["question"].to_list(), answer_prefix=group["answer_prefix"].iloc[0],
+                          press=press, max_new_tokens=max_new_tokens or int(group["max_new_tokens"].iloc[0]))
+            df.loc[group.index, "predicted_answer"] = output["answers"]
+        out = Path(output_dir) / "__".join([dataset, str(data_dir), press_name, f"{compression_ratio:.2f}"])
+        out.mkdir(parents=True, exist_ok=True)
+        df.drop(columns=["context"]).to_csv(out / "predictions.csv", index=False)
+        json.dump(SCORER_REGISTRY[dataset](df), open(out / "metrics.json", "w"))
+        yaml.dump(config, open(out / "config.yaml", "w"))
+'''
+
+
+def test_launcher_runs_kvpress_evaluation_end_to_end_on_a_local_dataset(tmp_path, monkeypatch, tokenizer):
+    """``python -m kvpress_prob.kvpress_eval`` from an evaluation/ folder, on a local dataset in kvpress's
+    format (columns context, question, answer_prefix, answer, max_new_tokens, task; a data_dir holding
+    a test split) and a tiny model saved to disk: every question is answered by our press, which evicted
+    at the ratio evaluate.py set on the registered instance, and the saved config names it."""
+    import pandas as pd
+    import yaml
+
+    model_dir = tmp_path / "tiny-llama"
+    tiny_model("llama").save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    data = tmp_path / "ruler-local" / "1024"
+    data.mkdir(parents=True)
+    contexts = [" ".join(f"item {i} is {(i * k) % 13}." for i in range(40)) for k in (3, 7)]
+    pd.DataFrame([dict(context=c, question=f"What is item {q}?", answer_prefix="Answer:", answer=[str(q)],
+                       max_new_tokens=3, task="niah_single_1") for c in contexts for q in (2, 5)]
+                 ).to_parquet(data / "test-00000.parquet")
+    folder = tmp_path / "evaluation"
+    folder.mkdir()
+    (folder / "evaluate_registry.py").write_text(
+        "from kvpress import SnapKVPress\n"
+        f"DATASET_REGISTRY = {{'ruler': {str(tmp_path / 'ruler-local')!r}}}\n"
+        "SCORER_REGISTRY = {'ruler': lambda df: {'n': len(df)}}\n"
+        "PRESS_REGISTRY = {'snapkv': SnapKVPress(), 'no_press': None}\n")
+    (folder / "evaluate.py").write_text(EVALUATE_STAND_IN)
+    monkeypatch.chdir(folder)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    for module in ("evaluate", "evaluate_registry"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    try:
+        main(["--dataset", "ruler", "--data_dir", "1024", "--model", str(model_dir), "--press_name", "prob_min_h",
+              "--compression_ratio", "0.5", "--output_dir", str(tmp_path / "results")])
+        press = sys.modules["evaluate_registry"].PRESS_REGISTRY["prob_min_h"]
+    finally:
+        for module in ("evaluate", "evaluate_registry"):
+            sys.modules.pop(module, None)
+    assert isinstance(press, SamplingPress) and press.stats["target_ratio"] == 0.5
+    assert abs(press.stats["realised_ratio"] - 0.5) < 0.1  # it evicted, in evaluate.py's pipeline
+    (results,) = (tmp_path / "results").iterdir()
+    predictions = pd.read_csv(results / "predictions.csv")
+    assert len(predictions) == 4 and predictions["predicted_answer"].notna().all()
+    config = yaml.safe_load((results / "config.yaml").read_text())
+    assert config["press_name"] == "prob_min_h" and "compression_ratio=0.5" in config["press_init_command"]
+    assert json.loads((results / "metrics.json").read_text()) == {"n": 4}

@@ -1,9 +1,10 @@
-"""CLI: ``python -m evaluation.bench {speed,memory,budget,oracle,fidelity,shared-prefill,decompose,bf16} [--quick] ...``.
+"""CLI: ``python -m evaluation.bench {speed,memory,budget,oracle,fidelity,shared-prefill,decompose,bf16,sampled-rows} [--quick] ...``.
 
 Every bench package takes ``--quick``, ``--out`` (the output root; a bench writes into its own
 folder below it) and ``--model``, and its own options (``python -m evaluation.bench <name> --help``).
-``decompose`` (``evaluation/bench/decompose.py`` and ``decompose_report.py``) and ``bf16``
-(``evaluation/bench/bf16.py``) parse their own options.
+``decompose`` (``evaluation/bench/decompose.py`` and ``decompose_report.py``), ``bf16``
+(``evaluation/bench/bf16.py``) and ``sampled-rows`` (``evaluation/bench/sampled_rows.py``) parse their own
+options.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ COMMANDS = {
 }
 QUICK_INTO_SUBFOLDER = {"fidelity", "shared-prefill"}  # their --quick output goes to <out>/<folder>/quick
 # CLI name -> module with its own ``main(argv)`` and parser (``python -m evaluation.bench <name> --help``)
-OWN_PARSERS = {"decompose": "evaluation.bench.decompose", "bf16": "evaluation.bench.bf16"}
+OWN_PARSERS = {"decompose": "evaluation.bench.decompose", "bf16": "evaluation.bench.bf16",
+               "sampled-rows": "evaluation.bench.sampled_rows"}
 
 
 def build_parser() -> argparse.ArgumentParser:

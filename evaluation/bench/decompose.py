@@ -134,15 +134,32 @@ def measure_survival(model, tokenizer, frame, configs, out: Path, shard_spec: st
 # ------------------------------------------------------------------------------ CLI
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m evaluation.bench decompose", description=__doc__,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--out", default="results/decompose/dev-1024", help="output folder")
+def add_split_arguments(p: argparse.ArgumentParser) -> None:
+    """--model and the RULER examples (--context-length, --data-seed, --n-examples, --tasks): the
+    development split by default."""
     p.add_argument("--model", default=None, help="HF id or local path (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--context-length", type=int, default=1024)
     p.add_argument("--data-seed", type=int, default=0, help="RULER data seed (0: the development split)")
     p.add_argument("--n-examples", type=int, default=8, help="examples, spread over --tasks")
     p.add_argument("--tasks", nargs="+", default=DEV_TASKS)
+
+
+def load_split(args: argparse.Namespace, out: Path):
+    """Write ``out/settings.json`` (the arguments), load the model and generate the examples of
+    ``add_split_arguments``: (model, tokenizer, frame)."""
+    from evaluation.datasets.ruler import generate_ruler
+    from kvpress_prob.models import load_model
+
+    write_atomic(out / "settings.json", json.dumps(vars(args), indent=2))
+    model, tokenizer = load_model(args.model)
+    return model, tokenizer, generate_ruler(tokenizer, args.context_length, args.n_examples, args.data_seed, args.tasks)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m evaluation.bench decompose", description=__doc__,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--out", default="results/decompose/dev-1024", help="output folder")
+    add_split_arguments(p)
     p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
     p.add_argument("--extra", nargs="*", default=[], help="other registry presses measured alongside the steps")
     p.add_argument("--ratios", nargs="+", type=float, default=[0.1, 0.25, 0.5, 0.75])
@@ -157,8 +174,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from evaluation.datasets.ruler import generate_ruler
-    from kvpress_prob.models import EMBEDDED_NAME, load_model
+    from kvpress_prob.models import EMBEDDED_NAME
 
     args = parser().parse_args(argv)
     if args.quick:
@@ -169,9 +185,7 @@ def main(argv: list[str] | None = None) -> None:
         raise FileNotFoundError(f"--report: no results to report, {out} does not exist")
     out.mkdir(parents=True, exist_ok=True)
     if not args.report:
-        write_atomic(out / "settings.json", json.dumps(vars(args), indent=2))
-        model, tokenizer = load_model(args.model)
-        frame = generate_ruler(tokenizer, args.context_length, args.n_examples, args.data_seed, args.tasks)
+        model, tokenizer, frame = load_split(args, out)
         configs = all_configs(args.families, args.ratios, args.seeds, args.extra)
         if not args.scores_only:
             measure_survival(model, tokenizer, frame, configs, out, args.shard)

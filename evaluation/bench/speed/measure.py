@@ -45,6 +45,16 @@ def biases_of(model) -> list:
     return [correction.bias_of(module) for module in attention_modules(model)]
 
 
+def masks_of(model) -> list:
+    """kvpress's head-wise masks (AdaKV's ``masked_key_indices``, or None) of every attention module."""
+    return [getattr(module, "masked_key_indices", None) for module in attention_modules(model)]
+
+
+def set_masks(model, masks: list) -> None:
+    for module, mask in zip(attention_modules(model), masks):
+        module.masked_key_indices = mask
+
+
 def set_biases(model, biases: list) -> None:
     for module, bias in zip(attention_modules(model), biases):
         correction.set_bias(module, bias)
@@ -117,7 +127,8 @@ def decode_interleaved(model, variants: dict, n: int, tokens: torch.Tensor, warm
     """Decode every variant in lockstep: step i of each variant (in an order rotated every step),
     then step i + 1, ... so that load from other processes, which drifts over time, hits every
     variant alike. ``variants``: name -> (cache, biases); a variant's biases are put on the attention
-    modules before each of its steps (the correction state is per module, not per cache).
+    modules before each of its steps (the correction state is per module, not per cache), and so are its
+    kvpress masks when it has them (name -> (cache, biases, masks): AdaKV's masked cache).
     Returns name -> timing figures over the steps after ``warmup`` (with ``cuda_peak_bytes``, the
     largest ``max_memory_allocated`` of its steps, on CUDA)."""
     names = list(variants)
@@ -126,8 +137,9 @@ def decode_interleaved(model, variants: dict, n: int, tokens: torch.Tensor, warm
     for i, token in enumerate(tokens):
         shift = i % len(names)
         for name in names[shift:] + names[:shift]:
-            cache, biases = variants[name]
+            cache, biases, *masks = variants[name]
             set_biases(model, biases)
+            set_masks(model, masks[0] if masks else [None] * len(biases))
             with common.Stopwatch(model.device) as watch:
                 _step(model, cache, token, n + i)
             if i >= warmup:
@@ -136,6 +148,7 @@ def decode_interleaved(model, variants: dict, n: int, tokens: torch.Tensor, warm
                 if watch.cuda_peak_bytes is not None:
                     peak[name] = max(peak[name] or 0, watch.cuda_peak_bytes)
     clear_biases(model)
+    set_masks(model, [None] * len(attention_modules(model)))
     return {name: _timing(times[name], cpu[name]) | {"cuda_peak_bytes": peak[name]} for name in names}
 
 
@@ -178,6 +191,9 @@ def run(model, tokenizer, lengths: list[int], repeats: int, ratio: float, memory
     after every completed round and after each length's memory runs, so a long run leaves results
     behind even if it is stopped."""
     prefill_rows, decode_rows, memory_rows, draw_rows, peak_rows = [], [], [], [], []
+    # presses beyond the default ones (e.g. <scorer>_adaptive against adakv_<scorer>): each is also decoded
+    # as its own variant, and its memory is measured at every ratio
+    extra = [name for name in presses if name not in PREFILL_PRESSES and name not in DECODE_VARIANTS.values()]
 
     def frames() -> dict:
         return {"prefill": pd.DataFrame(prefill_rows), "decode": pd.DataFrame(decode_rows),
@@ -205,11 +221,13 @@ def run(model, tokenizer, lengths: list[int], repeats: int, ratio: float, memory
                 if press is not None and getattr(press, "stats", None):
                     draw_rows.append(draw_row(n, rep, name, ratio, press))
                     kept_sets[name] = press.last_draw.keep
-                if rep == 0 and name in (REFERENCE, "snapkv", "prob_snapkv"):
+                if rep == 0 and name in (REFERENCE, "snapkv", "prob_snapkv", *extra):
                     memory_rows.append(memory_row(model, cache, press, name, ratio, n, full_bytes))
                 for variant, source in DECODE_VARIANTS.items():
                     if source == name:
                         keep_for_decode[variant] = (cache, biases_of(model))
+                if name in extra:
+                    keep_for_decode[name] = (cache, biases_of(model), masks_of(model))
                 if name == "prob_snapkv_nocorr":
                     # the same padded cache with the bias removed: plain sdpa on exactly the stored size
                     plain = DynamicCache()
@@ -221,7 +239,7 @@ def run(model, tokenizer, lengths: list[int], repeats: int, ratio: float, memory
                 clear_biases(model)
                 del cache, press
                 log(f"[speed] n={n} rep={rep} {name}: prefill {watch.wall:.2f}s")
-            variants = {v: keep_for_decode[v] for v in DECODE_VARIANTS if v in keep_for_decode}
+            variants = {v: keep_for_decode[v] for v in [*DECODE_VARIANTS, *extra] if v in keep_for_decode}
             results = decode_interleaved(model, variants, n, tokens, warmup_steps)
             for variant, result in results.items():
                 decode_rows.append({"n": n, "repeat": rep, "variant": variant, **result})
@@ -236,7 +254,7 @@ def run(model, tokenizer, lengths: list[int], repeats: int, ratio: float, memory
         for r in memory_ratios:
             if r == ratio:
                 continue
-            for name in ("snapkv", "prob_snapkv"):
+            for name in ("snapkv", "prob_snapkv", *extra):
                 cache, press, _, _ = prefill(model, ids, name, r, seed=0)
                 memory_rows.append(memory_row(model, cache, press, name, r, n, full_bytes))
                 if press is not None and getattr(press, "stats", None):

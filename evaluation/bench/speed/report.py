@@ -208,7 +208,8 @@ def plot(summary: dict, raw: dict, out: Path) -> list[Path]:
     for j, n in enumerate(dec.columns):
         ax2.bar(x + j * width, dec[n], width, label=f"n={n}")
     ax2.set_xticks(x + width * (len(dec.columns) - 1) / 2)
-    ax2.set_xticklabels(["corrected", "nocorr", "plain sdpa\n(padded)", "snapkv", "full"], fontsize=7)
+    short = dict(zip(DECODE_VARIANTS, ["corrected", "nocorr", "plain sdpa\n(padded)", "snapkv", "full"]))
+    ax2.set_xticklabels([short.get(v, v.replace("_", "_\n", 1)) for v in dec.index], fontsize=7)
     ax2.set(ylabel="tok/s (median)", title="Decode")
     ax2.legend(fontsize=7)
     mem = raw["memory"]

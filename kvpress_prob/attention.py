@@ -1,0 +1,123 @@
+"""The attention functions the correction runs in: transformers' ``ALL_ATTENTION_FUNCTIONS``, wrapped.
+
+Nothing is wrapped at import. ``install()`` wraps every entry present at the time it is called, on
+top of whatever is there (kvpress's own wrapper, which AdaKV needs, included); a wrapped entry is
+never wrapped twice. It is called when a SamplingPress is entered (``post_init_from_model``), when
+a correction bias is given (``correction.set_bias``) and before every forward that reads one
+(``correction``'s pre-hook), so an attention function registered after import, or after the
+eviction, is corrected too.
+
+A wrapped function runs the original unchanged unless the module's current forward carries a bias
+(``activate``d by ``kvpress_prob.correction``'s pre-hook for a cache compressed by a SamplingPress)
+and is not a prefill; then it runs ``corrected_sdpa``: softmax(q k / sqrt(d) + bias) over [stored
+prefix | new tokens], the bias 0 on new tokens, which is
+
+  out = [sum_kept w_i e^{s_i} v_i + sum_new e^{s_j} v_j] / [sum_kept w_i e^{s_i} + sum_new e^{s_j}]
+
+(docs/method.md, "Correction"). It builds its own mask from the layer's real key length (transformers
+builds the model's mask from layer 0's length, wrong here since layers differ): bias on the
+stored prefix, causal among the new tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+
+import torch
+import torch.nn.functional as F
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+_WRAPPED = "_kvprob_wrapped"  # on a wrapper function: marks it as ours
+_ACTIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # attention module -> bias of its running forward
+
+
+def activate(module: torch.nn.Module, bias: torch.Tensor | None) -> None:
+    """Give the forward of ``module`` about to run the bias (b, H_kv, S) of its cache layer (None: none)."""
+    if bias is None:
+        _ACTIVE.pop(module, None)
+    else:
+        _ACTIVE[module] = bias
+
+
+def active_bias(module: torch.nn.Module) -> torch.Tensor | None:
+    """The bias of the forward of ``module`` now running, or None."""
+    return _ACTIVE.get(module)
+
+
+def corrected_sdpa(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor, scaling: float | None
+) -> torch.Tensor:
+    """Attention with a per-entry bias on the stored prefix and a causal mask among new tokens.
+
+    query (b, H_q, q, d); key, value (b, H_kv, k, d) = [S stored prefix entries | k - S new];
+    bias (b, H_kv, S). Returns (b, q, H_q, d), the layout transformers' attention functions return.
+    """
+    b, hq, q_len, d = query.shape
+    hkv, k_len = key.shape[1], key.shape[2]
+    g = hq // hkv
+    n_stored = bias.shape[-1]
+    n_new = k_len - n_stored
+    if n_new < q_len:
+        raise RuntimeError(
+            f"corrected attention expects the {q_len} new tokens after the {n_stored} stored ones, "
+            f"got {k_len} keys: was the cache changed outside the press?"
+        )
+    # causal among new tokens: query i sits at new-token index n_new - q_len + i
+    i = torch.arange(q_len, device=query.device)[:, None]
+    j = torch.arange(n_new, device=query.device)[None, :]
+    dtype = torch.promote_types(query.dtype, bias.dtype)  # a float32 bias is added in float32
+    lowest = torch.finfo(dtype).min
+    new_mask = torch.zeros(q_len, n_new, dtype=dtype, device=query.device)
+    new_mask.masked_fill_(j > i + (n_new - q_len), lowest)  # (q, n_new)
+    mask = torch.cat(
+        [bias.to(dtype)[:, :, None, :].expand(b, hkv, q_len, n_stored), new_mask.expand(b, hkv, q_len, n_new)],
+        dim=-1,
+    )  # (b, H_kv, q, k)
+    # fold the query heads of a group into the query axis: head h*g + gi serves KV head h
+    q = query.reshape(b, hkv, g * q_len, d)
+    mask = mask[:, :, None].expand(b, hkv, g, q_len, k_len).reshape(b, hkv, g * q_len, k_len)
+    out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)  # (b, H_kv, g*q, d)
+    return out.view(b, hq, q_len, d).transpose(1, 2).contiguous()
+
+
+
+
+def wrap(func):
+    """Wrap one attention function with the correction (idempotent)."""
+    if getattr(func, _WRAPPED, False):
+        return func
+
+    @functools.wraps(func)
+    def wrapper(module, query, key, value, attention_mask, *args, **kwargs):
+        bias = _ACTIVE.get(module)
+        if bias is None or query.shape[2] == key.shape[2]:  # plain attention, or a prefill
+            return func(module, query, key, value, attention_mask, *args, **kwargs)
+        if query.shape[0] != bias.shape[0]:
+            raise ValueError(
+                f"batch size {query.shape[0]} differs from the batch size {bias.shape[0]} the cache was compressed with"
+            )
+        return corrected_sdpa(query, key, value, bias, kwargs.get("scaling")), None
+
+    setattr(wrapper, _WRAPPED, True)
+    return wrapper
+
+
+def install() -> None:
+    """Wrap every attention function transformers knows now (idempotent)."""
+    for name in list(ALL_ATTENTION_FUNCTIONS.keys()):
+        func = ALL_ATTENTION_FUNCTIONS[name]
+        if not getattr(func, _WRAPPED, False):
+            ALL_ATTENTION_FUNCTIONS[name] = wrap(func)
+
+
+def check_implementation(model) -> None:
+    """Raise if ``model``'s attention implementation is not one of ``ALL_ATTENTION_FUNCTIONS`` (eager
+    attention, whose function cannot be wrapped)."""
+    implementation = model.config._attn_implementation
+    if implementation not in ALL_ATTENTION_FUNCTIONS:
+        raise ValueError(
+            f"SamplingPress needs an attention implementation from ALL_ATTENTION_FUNCTIONS "
+            f"{sorted(ALL_ATTENTION_FUNCTIONS.keys())}, got attn_implementation={implementation!r}: "
+            f"load the model with attn_implementation='sdpa'"
+        )
