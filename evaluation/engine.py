@@ -25,6 +25,7 @@ cache, for the fidelity benchmark (logits, and optionally each layer's attention
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -36,6 +37,7 @@ from transformers.cache_utils import DynamicLayer
 
 from kvpress_prob import SamplingPress, correction
 from kvpress_prob.press import language_model
+from kvpress_prob.spans import SpanPress
 
 
 @dataclass
@@ -166,12 +168,15 @@ class Prefill:
             return cache
         press.post_init_from_model(self.model)
         rotary = language_model(self.model).rotary_emb
+        for module, _ in inputs:  # as kvpress's BasePress.__call__ does (ExpectedAttention's scorer reads it)
+            module.rotary_emb = rotary
         if isinstance(press, SamplingPress):
             if press.compression_ratio > 0:
-                press.evict(cache, self.proposals_of(press))
+                # a SpanPress reads the prefill's token ids; a replay binds them around evict
+                with press.tokens(self.context_ids) if isinstance(press, SpanPress) else nullcontext():
+                    press.evict(cache, self.proposals_of(press))
             return cache
         for module, kwargs in inputs:
-            module.rotary_emb = rotary
             press.forward_hook(module, [], {**kwargs, "past_key_values": cache}, (None, None))
         return cache
 
