@@ -1,0 +1,139 @@
+"""Report of the attention-error bench (``evaluation.bench.attention``): does a measure predict answers?
+
+A cell is one (press, ratio): each measure, the KL and the decoded score (from the runner's
+results of the same examples and seeds) are averaged over examples and seeds. For each measure:
+
+- pooled: Spearman's rho across all cells (lower error should mean a higher score: rho with the
+  score is expected negative, with the KL positive), a 95 % bootstrap interval that resamples
+  presses (all ratios of a press together), and a two-sided permutation p-value;
+- within ratio: the mean over ratios of Spearman's rho across the presses at that ratio, with a
+  permutation p-value that permutes the measure among the presses of each ratio. The ratio alone
+  orders every measure and every score, so this is the test of a measure's use for screening
+  designs at a given budget.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.stats import spearmanr
+
+from evaluation.report import markdown_table
+from evaluation.store import load_results, write_atomic
+
+MEASURES = ("mean_layer_err", "needle_err", "needle_top_err", "needle_last_err", "kl", "kl_answer")
+TARGETS = ("score", "kl")
+N_PERMUTATIONS = 10000
+N_BOOT = 2000
+
+
+def cells(records: pd.DataFrame, scores: pd.DataFrame | None) -> pd.DataFrame:
+    """One row per (press, ratio): the means of every measure (and of the score, when given, on the
+    same examples and seeds as the bench)."""
+    table = records.groupby(["press", "compression_ratio"])[list(MEASURES)].mean()
+    if scores is not None and len(scores):
+        keys = ["press", "compression_ratio", "example_id", "seed"]
+        bench_keys = records[keys].drop_duplicates()
+        matched = scores.merge(bench_keys, on=keys)
+        table = table.join(matched.groupby(["press", "compression_ratio"])["score"].mean(), how="left")
+        table = table.join(matched.groupby(["press", "compression_ratio"]).size().rename("n_scored"), how="left")
+    return table.reset_index()
+
+
+def _rho(x, y) -> float:
+    ok = np.isfinite(x) & np.isfinite(y)
+    if ok.sum() < 3 or np.ptp(x[ok]) == 0 or np.ptp(y[ok]) == 0:
+        return float("nan")
+    return float(spearmanr(x[ok], y[ok]).statistic)
+
+
+def _within(frame: pd.DataFrame, measure: str, target: str, values=None) -> float:
+    rhos = []
+    for _, group in frame.groupby("compression_ratio"):
+        x = group[measure].to_numpy(float) if values is None else values[group.index]
+        rhos.append(_rho(x, group[target].to_numpy(float)))
+    rhos = [r for r in rhos if np.isfinite(r)]
+    return float(np.mean(rhos)) if rhos else float("nan")
+
+
+def correlations(table: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+    """Spearman's rho of every measure with every target, pooled and within ratio (module docstring)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    frame = table.reset_index(drop=True)
+    for target in TARGETS:
+        if target not in frame or frame[target].isna().all():
+            continue
+        for measure in MEASURES:
+            if measure == target or frame[measure].isna().all():
+                continue
+            sub = frame.dropna(subset=[measure, target]).reset_index(drop=True)
+            x, y = sub[measure].to_numpy(float), sub[target].to_numpy(float)
+            pooled = _rho(x, y)
+            perm = np.array([_rho(rng.permutation(x), y) for _ in range(N_PERMUTATIONS // 10)])
+            p_pooled = float((np.abs(perm) >= abs(pooled) - 1e-12).mean()) if np.isfinite(pooled) else float("nan")
+            boot = []
+            sub_presses = sub["press"].unique()
+            for _ in range(N_BOOT):
+                pick = rng.choice(sub_presses, size=len(sub_presses), replace=True)
+                part = pd.concat([sub[sub["press"] == p] for p in pick])
+                boot.append(_rho(part[measure].to_numpy(float), part[target].to_numpy(float)))
+            boot = np.array([b for b in boot if np.isfinite(b)])
+            within = _within(sub, measure, target)
+            null = []
+            for _ in range(N_PERMUTATIONS // 10):
+                shuffled = x.copy()
+                for _, group in sub.groupby("compression_ratio"):
+                    shuffled[group.index] = rng.permutation(x[group.index])
+                null.append(_within(sub, measure, target, shuffled))
+            null = np.array(null)
+            p_within = float((np.abs(null) >= abs(within) - 1e-12).mean()) if np.isfinite(within) else float("nan")
+            rows.append({"measure": measure, "target": target, "cells": len(sub), "presses": len(set(sub["press"])),
+                         "rho_pooled": pooled,
+                         "ci_low": float(np.quantile(boot, 0.025)) if len(boot) else float("nan"),
+                         "ci_high": float(np.quantile(boot, 0.975)) if len(boot) else float("nan"),
+                         "p_pooled": p_pooled, "rho_within_ratio": within, "p_within_ratio": p_within})
+    return pd.DataFrame(rows)
+
+
+def shapes_table(path: Path) -> pd.DataFrame | None:
+    if not path.exists():
+        return None
+    frame = pd.DataFrame([json.loads(line) for line in path.read_text().splitlines()])
+    frame["needle_share_over_uniform"] = frame["needle_share"] / frame["uniform_share"]
+    return frame.groupby("press")[["effective_support", "needle_share", "uniform_share",
+                                   "needle_share_over_uniform"]].mean().reset_index()
+
+
+def write(out: Path, score_paths) -> dict:
+    records = pd.DataFrame([json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()])
+    scores = load_results(*score_paths) if score_paths else None
+    table = cells(records, scores)
+    corr = correlations(table) if scores is not None else pd.DataFrame()
+    shapes = shapes_table(out / "proposals.jsonl")
+    lines = ["# Attention-error bench", "",
+             f"{records['example_id'].nunique()} examples, {records['press'].nunique()} presses, ratios "
+             f"{sorted(records['compression_ratio'].unique())}; errors at the question's rows, KL teacher-forced "
+             "on the question and gold answer; scores decoded by the runner on the same examples and seeds "
+             f"({', '.join(map(str, score_paths)) or 'none given'}).", ""]
+    if len(corr):
+        lines += ["## Spearman correlation across (press, ratio) cells", "",
+                  "rho with the score should be negative for a useful error measure, with the KL positive. "
+                  "Pooled: 95 % bootstrap interval over presses, permutation p-value. Within ratio: the mean "
+                  "over ratios of rho across presses, permutation p-value within each ratio.", "",
+                  markdown_table(corr, index=False, float_format="{:.3f}"), ""]
+    lines += ["## Cells (mean over examples and seeds)", "", markdown_table(table, index=False, float_format="{:.4f}"), ""]
+    if shapes is not None:
+        lines += ["## Proposal shape (sampling presses)", "",
+                  "effective support = exp(H(pi)) / n (1 = uniform); needle share = the proposal's mass on the "
+                  "needle tokens, mean over layers and KV heads; uniform share = |needle| / n.", "",
+                  markdown_table(shapes, index=False, float_format="{:.4f}"), ""]
+    write_atomic(out / "report.md", "\n".join(lines))
+    summary = {"correlations": corr.to_dict("records"), "cells": table.to_dict("records"),
+               "proposal_shape": None if shapes is None else shapes.to_dict("records")}
+    write_atomic(out / "summary.json", json.dumps(summary, indent=2, default=float))
+    print("\n".join(lines))
+    return summary
