@@ -45,7 +45,8 @@ def word_starts(tokenizer, ids: list[int]) -> list[bool]:
 
 def pack_units(starts: list[bool], size: int) -> torch.Tensor:
     """Unit index of each position (n,) long: whole words packed greedily up to ``size`` tokens,
-    a word longer than ``size`` cut every ``size`` tokens. Units are contiguous and numbered 0, 1, ..."""
+    a word longer than ``size`` cut every ``size`` tokens (its last piece shares a unit with what
+    follows when it fits). Units are contiguous and numbered 0, 1, ..."""
     if size < 1:
         raise ValueError(f"size must be >= 1, got {size}")
     words, current = [], 0  # lengths of the words
