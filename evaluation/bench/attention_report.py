@@ -19,14 +19,14 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy.stats import spearmanr
+from scipy.stats import rankdata
 
 from evaluation.report import markdown_table
 from evaluation.store import load_results, write_atomic
 
 MEASURES = ("mean_layer_err", "needle_err", "needle_top_err", "needle_last_err", "kl", "kl_answer")
 TARGETS = ("score", "kl")
-N_PERMUTATIONS = 10000
+N_PERMUTATIONS = 2000
 N_BOOT = 2000
 
 
@@ -43,59 +43,62 @@ def cells(records: pd.DataFrame, scores: pd.DataFrame | None) -> pd.DataFrame:
     return table.reset_index()
 
 
-def _rho(x, y) -> float:
+def _rho(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman's rho (average ranks for ties); NaN with fewer than 3 finite pairs or a constant side."""
     ok = np.isfinite(x) & np.isfinite(y)
     if ok.sum() < 3 or np.ptp(x[ok]) == 0 or np.ptp(y[ok]) == 0:
         return float("nan")
-    return float(spearmanr(x[ok], y[ok]).statistic)
+    return float(np.corrcoef(rankdata(x[ok]), rankdata(y[ok]))[0, 1])
 
 
-def _within(frame: pd.DataFrame, measure: str, target: str, values=None) -> float:
-    rhos = []
-    for _, group in frame.groupby("compression_ratio"):
-        x = group[measure].to_numpy(float) if values is None else values[group.index]
-        rhos.append(_rho(x, group[target].to_numpy(float)))
-    rhos = [r for r in rhos if np.isfinite(r)]
+def _within(x: np.ndarray, y: np.ndarray, groups: list[np.ndarray]) -> float:
+    """Mean over the ratio groups (index arrays) of rho within each group."""
+    rhos = [r for r in (_rho(x[g], y[g]) for g in groups) if np.isfinite(r)]
     return float(np.mean(rhos)) if rhos else float("nan")
 
 
-def correlations(table: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+def _p_value(null: np.ndarray, observed: float) -> float:
+    """Two-sided permutation p-value, counting the observed statistic itself (never 0)."""
+    if not np.isfinite(observed):
+        return float("nan")
+    null = null[np.isfinite(null)]
+    return float((1 + (np.abs(null) >= abs(observed) - 1e-12).sum()) / (1 + len(null)))
+
+
+def correlations(table: pd.DataFrame, n_permutations: int = N_PERMUTATIONS, n_boot: int = N_BOOT,
+                 seed: int = 0) -> pd.DataFrame:
     """Spearman's rho of every measure with every target, pooled and within ratio (module docstring)."""
     rng = np.random.default_rng(seed)
     rows = []
-    frame = table.reset_index(drop=True)
     for target in TARGETS:
-        if target not in frame or frame[target].isna().all():
+        if target not in table or table[target].isna().all():
             continue
         for measure in MEASURES:
-            if measure == target or frame[measure].isna().all():
+            if measure == target or table[measure].isna().all():
                 continue
-            sub = frame.dropna(subset=[measure, target]).reset_index(drop=True)
+            sub = table.dropna(subset=[measure, target]).reset_index(drop=True)
             x, y = sub[measure].to_numpy(float), sub[target].to_numpy(float)
-            pooled = _rho(x, y)
-            perm = np.array([_rho(rng.permutation(x), y) for _ in range(N_PERMUTATIONS // 10)])
-            p_pooled = float((np.abs(perm) >= abs(pooled) - 1e-12).mean()) if np.isfinite(pooled) else float("nan")
-            boot = []
-            sub_presses = sub["press"].unique()
-            for _ in range(N_BOOT):
-                pick = rng.choice(sub_presses, size=len(sub_presses), replace=True)
-                part = pd.concat([sub[sub["press"] == p] for p in pick])
-                boot.append(_rho(part[measure].to_numpy(float), part[target].to_numpy(float)))
-            boot = np.array([b for b in boot if np.isfinite(b)])
-            within = _within(sub, measure, target)
-            null = []
-            for _ in range(N_PERMUTATIONS // 10):
+            groups = [g.to_numpy() for _, g in sub.groupby("compression_ratio").groups.items()]
+            by_press = [g.to_numpy() for _, g in sub.groupby("press").groups.items()]
+            pooled, within = _rho(x, y), _within(x, y, groups)
+            null_pooled = np.array([_rho(rng.permutation(x), y) for _ in range(n_permutations)])
+            null_within = []
+            for _ in range(n_permutations):
                 shuffled = x.copy()
-                for _, group in sub.groupby("compression_ratio"):
-                    shuffled[group.index] = rng.permutation(x[group.index])
-                null.append(_within(sub, measure, target, shuffled))
-            null = np.array(null)
-            p_within = float((np.abs(null) >= abs(within) - 1e-12).mean()) if np.isfinite(within) else float("nan")
-            rows.append({"measure": measure, "target": target, "cells": len(sub), "presses": len(set(sub["press"])),
+                for g in groups:
+                    shuffled[g] = rng.permutation(x[g])
+                null_within.append(_within(shuffled, y, groups))
+            boot = []
+            for _ in range(n_boot):
+                pick = np.concatenate([by_press[i] for i in rng.integers(0, len(by_press), len(by_press))])
+                boot.append(_rho(x[pick], y[pick]))
+            boot = np.array([b for b in boot if np.isfinite(b)])
+            rows.append({"measure": measure, "target": target, "cells": len(sub), "presses": len(by_press),
                          "rho_pooled": pooled,
                          "ci_low": float(np.quantile(boot, 0.025)) if len(boot) else float("nan"),
                          "ci_high": float(np.quantile(boot, 0.975)) if len(boot) else float("nan"),
-                         "p_pooled": p_pooled, "rho_within_ratio": within, "p_within_ratio": p_within})
+                         "p_pooled": _p_value(null_pooled, pooled), "rho_within_ratio": within,
+                         "p_within_ratio": _p_value(np.array(null_within), within)})
     return pd.DataFrame(rows)
 
 
