@@ -31,15 +31,16 @@ N_BOOT = 2000
 
 
 def cells(records: pd.DataFrame, scores: pd.DataFrame | None) -> pd.DataFrame:
-    """One row per (press, ratio): the means of every measure (and of the score, when given, on the
-    same examples and seeds as the bench)."""
-    table = records.groupby(["press", "compression_ratio"])[list(MEASURES)].mean()
+    """One row per (press, ratio): every measure averaged over seeds within an example, then over
+    examples. With ``scores`` (the runner's records), only the examples that have a decoded score
+    for that press and ratio are kept, and the score (mean over its seeds) is averaged the same way."""
+    keys = ["press", "compression_ratio", "example_id"]
+    per_example = records.groupby(keys)[list(MEASURES)].mean()
     if scores is not None and len(scores):
-        keys = ["press", "compression_ratio", "example_id", "seed"]
-        bench_keys = records[keys].drop_duplicates()
-        matched = scores.merge(bench_keys, on=keys)
-        table = table.join(matched.groupby(["press", "compression_ratio"])["score"].mean(), how="left")
-        table = table.join(matched.groupby(["press", "compression_ratio"]).size().rename("n_scored"), how="left")
+        score = scores.groupby(keys)["score"].mean()
+        per_example = per_example.join(score, how="inner")
+    table = per_example.groupby(["press", "compression_ratio"]).mean()
+    table["examples"] = per_example.groupby(["press", "compression_ratio"]).size()
     return table.reset_index()
 
 
