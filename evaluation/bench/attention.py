@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -156,7 +155,8 @@ def run(args) -> None:
     frame = load_examples(tokenizer, args.context_length, args.n_examples, args.data_seed, args.tasks)
     todo_all = configs(args.presses, args.ratios, args.seeds)
     for _, row in frame.iterrows():
-        todo = [c for c in todo_all if (row["example_id"], c.press, c.compression_ratio, c.seed) not in done]
+        todo = [c for c in todo_all if (row["example_id"], c.press, c.compression_ratio, c.seed) not in done
+                and not (args.proposals_only and (row["example_id"], c.press) in shaped)]
         if not todo:
             continue
         start = time.perf_counter()
@@ -166,8 +166,11 @@ def run(args) -> None:
         needle = sorted({p for found in needles for p in found})
         rows = slice(0, n_question)  # the question's rows (chat template and answer prefix included)
         prefill = Prefill(model, context_ids)
-        ref_logits, ref_heads = capture_heads(model, prefill.compress(None), continuation_ids, n)
-        mass = needle_mass(model, prefill, continuation_ids, rows, needle) if needle else None
+        if args.proposals_only:
+            todo = [c for c in todo if (row["example_id"], c.press) not in shaped]
+        else:
+            ref_logits, ref_heads = capture_heads(model, prefill.compress(None), continuation_ids, n)
+            mass = needle_mass(model, prefill, continuation_ids, rows, needle) if needle else None
         answer_rows = slice(n_question - 1, continuation_ids.shape[1] - 1)
         lines, shape_lines = [], []
         for cfg in todo:
@@ -175,15 +178,18 @@ def run(args) -> None:
             if isinstance(press, SamplingPress) and (row["example_id"], cfg.press) not in shaped:
                 shaped.add((row["example_id"], cfg.press))
                 shape_lines.append({"example_id": row["example_id"], "task": row["task"], "press": cfg.press,
-                                    **proposal_shape(prefill, replace(press), needle)})
+                                    **proposal_shape(prefill, press, needle)})
+            if args.proposals_only:
+                continue
             logits, heads = capture_heads(model, prefill.compress(press), continuation_ids, n)
             kl = kl_rows(ref_logits, logits)
             lines.append({"example_id": row["example_id"], "task": row["task"], "press": cfg.press,
                           "compression_ratio": cfg.compression_ratio, "seed": cfg.seed, "n_context": n,
                           "needle_tokens": len(needle), "kl": float(kl.mean()), "kl_answer": float(kl[answer_rows].mean()),
                           **measures(heads[:, rows], ref_heads[:, rows], mass, args.top_heads)})
-        with records.open("a") as f:  # one example at a time: a killed run loses at most one example
-            f.write("".join(json.dumps(line) + "\n" for line in lines))
+        if lines:
+            with records.open("a") as f:  # one example at a time: a killed run loses at most one example
+                f.write("".join(json.dumps(line) + "\n" for line in lines))
         if shape_lines:
             with shapes.open("a") as f:
                 f.write("".join(json.dumps(line) + "\n" for line in shape_lines))
@@ -207,6 +213,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--scores", nargs="*", default=[],
                    help="runner results.jsonl files with the decoded scores of the same examples (for the report)")
+    p.add_argument("--proposals-only", action="store_true",
+                   help="only the proposal shape of the sampling presses (proposals.jsonl), no teacher forcing")
     p.add_argument("--report", action="store_true", help="only write the report from what is in --out")
     return p
 

@@ -113,7 +113,9 @@ def shapes_table(path: Path) -> pd.DataFrame | None:
 
 
 def write(out: Path, score_paths) -> dict:
-    records = pd.DataFrame([json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()])
+    path = out / "records.jsonl"
+    records = pd.DataFrame([json.loads(line) for line in path.read_text().splitlines()] if path.exists() else [],
+                           columns=["example_id", "press", "compression_ratio", "seed", *MEASURES])
     scores = load_results(*score_paths) if score_paths else None
     table = cells(records, scores)
     corr = correlations(table) if scores is not None else pd.DataFrame()
