@@ -120,6 +120,7 @@ def measures(heads: torch.Tensor, reference: torch.Tensor, mass: torch.Tensor | 
 def proposal_shape(prefill: Prefill, press: SamplingPress, needle: list[int]) -> dict:
     """Effective support exp(H(pi)) / n and needle share of the press's proposals, mean over layers
     and KV heads (and the uniform share |needle| / n)."""
+    prefill.compress(press)  # the engine's replay (sets what the scorers read); its proposals are memoised
     pi = torch.stack(list(prefill.proposals_of(press).values()))[:, 0].double()  # (L, H_kv, n)
     n = pi.shape[-1]
     entropy = -(pi * torch.log(pi.clamp_min(1e-300))).sum(-1)
