@@ -67,3 +67,19 @@ def test_correlations_find_a_measure_that_orders_scores_within_ratio():
     assert corr.loc[("needle_err", "score"), "p_within_ratio"] < 0.01
     assert abs(corr.loc[("mean_layer_err", "score"), "rho_within_ratio"]) < 0.6  # ratio only, noise within
     assert corr.loc[("mean_layer_err", "score"), "rho_pooled"] < -0.7  # but pooled, the ratio orders it
+
+
+def test_retention_weighs_kept_needle_attention_by_head_mass():
+    from evaluation.bench.attention import retention
+
+    attention = torch.zeros(1, 4, 2)  # 1 layer, 4 query heads (2 per KV head), needle of 2 tokens
+    attention[0, 0] = torch.tensor([0.3, 0.1])  # KV head 0
+    attention[0, 2] = torch.tensor([0.2, 0.2])  # KV head 1
+    keep = torch.zeros(1, 2, 6, dtype=torch.bool)
+    needle = [3, 5]
+    keep[0, 0, 3] = True  # KV head 0 keeps the first needle token only
+    keep[0, 1, [3, 5]] = True  # KV head 1 keeps both
+    got = retention(attention, keep, needle, top_heads=1)
+    assert abs(got["needle_recall"] - (0.4 / 0.8 * 0.75 + 0.4 / 0.8 * 1.0)) < 1e-6
+    assert abs(got["needle_whole"] - 0.5) < 1e-6
+    assert abs(got["needle_top_recall"] - 0.75) < 1e-6  # ties: head 0 comes first

@@ -15,6 +15,11 @@ configuration (``records.jsonl``, one line per example, press, ratio and seed; r
   the ``--top-heads`` heads of largest m; ``needle_last_err``: ``needle_err`` at the last question
   row only (the row that predicts the first answer token).
 
+Per configuration ``retention.jsonl`` holds what needs no teacher forcing: ``needle_recall``, the
+share of each head's full-cache attention to the needle that falls on entries the cache kept,
+averaged with weights m_{l,h}; ``needle_top_recall`` (the top heads by m); ``needle_whole`` (the
+m-weighted share of heads that kept every needle token). ``--retention-only`` measures only these.
+
 Per (example, sampling press) ``proposals.jsonl`` also holds the proposal's shape: its effective
 support exp(H(pi)) / n and its needle share sum_{needle} pi against the uniform share |needle| / n,
 averaged over layers and KV heads.
@@ -33,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from evaluation.bench.decompose import DEV_TASKS, needle_positions
+from evaluation.bench.decompose import DEV_TASKS, kept_positions, needle_positions
 from evaluation.engine import Prefill, teacher_forced
 from evaluation.runner import Config
 from evaluation.store import write_atomic
@@ -65,15 +70,17 @@ def capture_heads(model, cache, continuation_ids: torch.Tensor, n_context: int) 
 
 
 @torch.no_grad()
-def needle_mass(model, prefill: Prefill, continuation_ids: torch.Tensor, rows: slice, needle: list[int]) -> torch.Tensor:
-    """m (L, H_q): the full cache's attention from the question's ``rows`` to the ``needle``
-    positions, mean over the rows (one eager teacher-forced pass; the implementation is restored)."""
+def needle_attention(model, prefill: Prefill, continuation_ids: torch.Tensor, rows: slice,
+                     needle: list[int]) -> torch.Tensor:
+    """a (L, H_q, |needle|): the full cache's attention from the question's ``rows`` to each
+    ``needle`` position, mean over the rows (one eager teacher-forced pass; the implementation is
+    restored). m = a.sum(-1) is each head's needle mass."""
     modules = [layer.self_attn for layer in language_model(model).layers]
     weights: dict[int, torch.Tensor] = {}
 
     def hook_for(index: int, module):
         def hook(_, args, output):
-            weights[index] = output[1][0, :, rows][..., needle].sum(-1).mean(-1).float()  # (H_q,)
+            weights[index] = output[1][0, :, rows][..., needle].mean(1).float()  # (H_q, |needle|)
         return module.register_forward_hook(hook)
 
     previous = model.config._attn_implementation
@@ -117,6 +124,26 @@ def measures(heads: torch.Tensor, reference: torch.Tensor, mass: torch.Tensor | 
     return out
 
 
+def retention(attention: torch.Tensor, keep: torch.Tensor, needle: list[int], top_heads: int) -> dict:
+    """How much of the needle-reading attention the cache still holds. attention (L, H_q, |needle|)
+    from ``needle_attention``; keep (L, H_kv, n) bool, the positions each KV head kept.
+
+    For head (l, h): recall = sum over kept needle positions of a / sum of a (the share of its needle
+    attention that still has its entry), whole = 1 if every needle token is kept. ``needle_recall``
+    and ``needle_whole`` average them with weights m_{l,h} = sum a; ``needle_top_recall`` is the plain
+    mean of recall over the ``top_heads`` heads of largest m."""
+    heads = attention.shape[1]
+    kept = keep[:, :, needle].repeat_interleave(heads // keep.shape[1], dim=1).double()  # (L, H_q, |needle|)
+    a = attention.double()
+    mass = a.sum(-1)  # (L, H_q)
+    recall = (a * kept).sum(-1) / mass.clamp_min(1e-300)
+    whole = kept.prod(-1)
+    w = mass / mass.sum().clamp_min(1e-300)
+    top = mass.flatten().topk(min(top_heads, mass.numel())).indices
+    return {"needle_recall": float((w * recall).sum()), "needle_whole": float((w * whole).sum()),
+            "needle_top_recall": float(recall.flatten()[top].mean())}
+
+
 def proposal_shape(prefill: Prefill, press: SamplingPress, needle: list[int]) -> dict:
     """Effective support exp(H(pi)) / n and needle share of the press's proposals, mean over layers
     and KV heads (and the uniform share |needle| / n)."""
@@ -146,9 +173,13 @@ def run(args) -> None:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    records, shapes = out / "records.jsonl", out / "proposals.jsonl"
-    done = {(r["example_id"], r["press"], r["compression_ratio"], r["seed"])
-            for r in map(json.loads, records.read_text().splitlines())} if records.exists() else set()
+    records, shapes, kept_file = out / "records.jsonl", out / "proposals.jsonl", out / "retention.jsonl"
+
+    def keys_of(path: Path) -> set:
+        return {(r["example_id"], r["press"], r["compression_ratio"], r["seed"])
+                for r in map(json.loads, path.read_text().splitlines())} if path.exists() else set()
+
+    done, retained = keys_of(records), keys_of(kept_file)
     shaped = {(r["example_id"], r["press"]) for r in map(json.loads, shapes.read_text().splitlines())} \
         if shapes.exists() else set()
     model, tokenizer = load_model(args.model)
@@ -156,8 +187,12 @@ def run(args) -> None:
     frame = load_examples(tokenizer, args.context_length, args.n_examples, args.data_seed, args.tasks)
     todo_all = configs(args.presses, args.ratios, args.seeds)
     for _, row in frame.iterrows():
-        todo = [c for c in todo_all if (row["example_id"], c.press, c.compression_ratio, c.seed) not in done
-                and not (args.proposals_only and (row["example_id"], c.press) in shaped)]
+        if args.proposals_only:
+            todo = [c for c in todo_all if (row["example_id"], c.press) not in shaped]
+        elif args.retention_only:
+            todo = [c for c in todo_all if (row["example_id"], c.press, c.compression_ratio, c.seed) not in retained]
+        else:
+            todo = [c for c in todo_all if (row["example_id"], c.press, c.compression_ratio, c.seed) not in done]
         if not todo:
             continue
         start = time.perf_counter()
@@ -167,13 +202,13 @@ def run(args) -> None:
         needle = sorted({p for found in needles for p in found})
         rows = slice(0, n_question)  # the question's rows (chat template and answer prefix included)
         prefill = Prefill(model, context_ids)
-        if args.proposals_only:
-            todo = [c for c in todo if (row["example_id"], c.press) not in shaped]
-        else:
+        if not args.proposals_only:
+            attention = needle_attention(model, prefill, continuation_ids, rows, needle) if needle else None
+            mass = None if attention is None else attention.sum(-1)
+        if not (args.proposals_only or args.retention_only):
             ref_logits, ref_heads = capture_heads(model, prefill.compress(None), continuation_ids, n)
-            mass = needle_mass(model, prefill, continuation_ids, rows, needle) if needle else None
         answer_rows = slice(n_question - 1, continuation_ids.shape[1] - 1)
-        lines, shape_lines = [], []
+        lines, shape_lines, kept_lines = [], [], []
         for cfg in todo:
             press = cfg.build()
             if isinstance(press, SamplingPress) and (row["example_id"], cfg.press) not in shaped:
@@ -182,7 +217,15 @@ def run(args) -> None:
                                     **proposal_shape(prefill, press, needle)})
             if args.proposals_only:
                 continue
-            logits, heads = capture_heads(model, prefill.compress(press), continuation_ids, n)
+            cache = prefill.compress(press)
+            key = {"example_id": row["example_id"], "task": row["task"], "press": cfg.press,
+                   "compression_ratio": cfg.compression_ratio, "seed": cfg.seed}
+            if attention is not None and (row["example_id"], cfg.press, cfg.compression_ratio, cfg.seed) not in retained:
+                kept_lines.append({**key, **retention(attention, kept_positions(prefill, cache, press), needle,
+                                                      args.top_heads)})
+            if args.retention_only:
+                continue
+            logits, heads = capture_heads(model, cache, continuation_ids, n)
             kl = kl_rows(ref_logits, logits)
             lines.append({"example_id": row["example_id"], "task": row["task"], "press": cfg.press,
                           "compression_ratio": cfg.compression_ratio, "seed": cfg.seed, "n_context": n,
@@ -191,9 +234,10 @@ def run(args) -> None:
         if lines:
             with records.open("a") as f:  # one example at a time: a killed run loses at most one example
                 f.write("".join(json.dumps(line) + "\n" for line in lines))
-        if shape_lines:
-            with shapes.open("a") as f:
-                f.write("".join(json.dumps(line) + "\n" for line in shape_lines))
+        for path, items in ((shapes, shape_lines), (kept_file, kept_lines)):
+            if items:
+                with path.open("a") as f:
+                    f.write("".join(json.dumps(line) + "\n" for line in items))
         print(f"[attention] {row['example_id']}: {len(todo)} configurations in {time.perf_counter() - start:.0f} s",
               flush=True)
 
@@ -216,6 +260,8 @@ def parser() -> argparse.ArgumentParser:
                    help="runner results.jsonl files with the decoded scores of the same examples (for the report)")
     p.add_argument("--proposals-only", action="store_true",
                    help="only the proposal shape of the sampling presses (proposals.jsonl), no teacher forcing")
+    p.add_argument("--retention-only", action="store_true",
+                   help="only the needle retention of each cache (retention.jsonl), no teacher forcing")
     p.add_argument("--report", action="store_true", help="only write the report from what is in --out")
     return p
 

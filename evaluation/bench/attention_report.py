@@ -24,7 +24,8 @@ from scipy.stats import rankdata
 from evaluation.report import markdown_table
 from evaluation.store import load_results, write_atomic
 
-MEASURES = ("mean_layer_err", "needle_err", "needle_top_err", "needle_last_err", "kl", "kl_answer")
+MEASURES = ("mean_layer_err", "needle_err", "needle_top_err", "needle_last_err", "needle_recall", "needle_top_recall",
+            "needle_whole", "kl", "kl_answer")
 TARGETS = ("score", "kl")
 N_PERMUTATIONS = 2000
 N_BOOT = 2000
@@ -35,7 +36,8 @@ def cells(records: pd.DataFrame, scores: pd.DataFrame | None) -> pd.DataFrame:
     examples. With ``scores`` (the runner's records), only the examples that have a decoded score
     for that press and ratio are kept, and the score (mean over its seeds) is averaged the same way."""
     keys = ["press", "compression_ratio", "example_id"]
-    per_example = records.groupby(keys)[list(MEASURES)].mean()
+    present = [m for m in MEASURES if m in records]
+    per_example = records.groupby(keys)[present].mean().reindex(columns=list(MEASURES))
     if scores is not None and len(scores):
         score = scores.groupby(keys)["score"].mean()
         per_example = per_example.join(score, how="inner")
@@ -112,10 +114,23 @@ def shapes_table(path: Path) -> pd.DataFrame | None:
                                    "needle_share_over_uniform"]].mean().reset_index()
 
 
+def _jsonl(path: Path) -> pd.DataFrame:
+    return pd.DataFrame([json.loads(line) for line in path.read_text().splitlines()] if path.exists() else [])
+
+
+def load_measures(out: Path) -> pd.DataFrame:
+    """records.jsonl (teacher-forced measures) outer-joined with retention.jsonl (cache measures) on
+    (example, press, ratio, seed)."""
+    keys = ["example_id", "press", "compression_ratio", "seed"]
+    records, kept = _jsonl(out / "records.jsonl"), _jsonl(out / "retention.jsonl")
+    if len(kept):
+        kept = kept[keys + [c for c in kept if c.startswith("needle_") and c not in records]]
+        records = kept if not len(records) else records.merge(kept, on=keys, how="outer")
+    return records if len(records) else pd.DataFrame(columns=keys + list(MEASURES))
+
+
 def write(out: Path, score_paths) -> dict:
-    path = out / "records.jsonl"
-    records = pd.DataFrame([json.loads(line) for line in path.read_text().splitlines()] if path.exists() else [],
-                           columns=["example_id", "press", "compression_ratio", "seed", *MEASURES])
+    records = load_measures(out)
     scores = load_results(*score_paths) if score_paths else None
     table = cells(records, scores)
     corr = correlations(table) if scores is not None else pd.DataFrame()
@@ -127,7 +142,8 @@ def write(out: Path, score_paths) -> dict:
              f"({', '.join(map(str, score_paths)) or 'none given'}).", ""]
     if len(corr):
         lines += ["## Spearman correlation across (press, ratio) cells", "",
-                  "rho with the score should be negative for a useful error measure, with the KL positive. "
+                  "rho with the score should be negative for a useful error measure (positive for the needle_recall "
+                  "and needle_whole retention measures, where higher is better), with the KL the other way round. "
                   "Pooled: 95 % bootstrap interval over presses, permutation p-value. Within ratio: the mean "
                   "over ratios of rho across presses, permutation p-value within each ratio.", "",
                   markdown_table(corr, index=False, float_format="{:.3f}"), ""]
