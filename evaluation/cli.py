@@ -16,7 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from evaluation.assets import MissingAssetError, require_embedded_model
+from evaluation import manifest
+from evaluation.assets import require_embedded_model
 from evaluation.datasets import load_dataset_frame
 from evaluation.datasets.ruler import OFFLINE_TASKS
 from evaluation.presets import DEMO_OUT, DEMO_REFERENCE, PAPER_METHODS, PRESETS, default_out  # noqa: F401
@@ -28,7 +29,7 @@ EMBEDDED_ALIASES = (None, "", "embedded")
 def _model_name(model_arg: str | None) -> str:
     from kvpress_prob.models import EMBEDDED_NAME
 
-    return model_arg or EMBEDDED_NAME
+    return EMBEDDED_NAME if _uses_embedded(model_arg) else model_arg
 
 
 def _uses_embedded(model_arg: str | None) -> bool:
@@ -78,29 +79,6 @@ def _data_dir(args) -> str:
     return str(args.context_length) if args.dataset.startswith("ruler") else "lt3000"
 
 
-DATA_SEED_FILE = "data_seed.json"
-
-
-def _check_data_seed(out: Path, data_seed: int) -> None:
-    """One results folder holds one RULER data seed (one split: docs/protocol.md, "Splits").
-
-    Records are keyed without the data seed, so a test-split run (seed 1) resumed in a
-    development folder (seed 0) would skip every example as done. The first run writes the seed
-    to ``<out>/data_seed.json``; a later run with another seed stops with an error. A folder
-    without the file (written before it existed) is taken to hold the seed it is run with.
-    """
-    import json
-
-    path = out / DATA_SEED_FILE
-    if path.exists():
-        recorded = json.loads(path.read_text())["data_seed"]
-        if recorded != data_seed:
-            sys.exit(f"--data-seed {data_seed}, but {out} holds results of data seed {recorded} ({path}); "
-                     f"run each data seed (split) into its own --out folder")
-    else:
-        path.write_text(json.dumps({"data_seed": data_seed}) + "\n")
-
-
 def cmd_run(args) -> Path:
     from evaluation.runner import configurations, run
     from evaluation.store import ResultStore
@@ -110,14 +88,23 @@ def cmd_run(args) -> Path:
         sys.exit(f"unknown press(es) {unknown}; valid: {', '.join(sorted(PRESSES))}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.dataset == "ruler":
-        _check_data_seed(out, args.data_seed)
     configs = configurations(args.presses, args.ratios, args.seeds)
+    data_dir = _data_dir(args)
+    settings = dict(model=_model_name(args.model), dataset=args.dataset, data_seed=args.data_seed,
+                    context_length=args.context_length, query_aware=args.query_aware)
+    manifest.check_folder(out, manifest.identity(**settings), data_dir=data_dir)  # before the model is loaded
     model, tokenizer = _load(args)
+    identity = manifest.identity(**settings, loaded_model=model, tokenizer=tokenizer)
+    notes = manifest.check_folder(out, identity, data_dir=data_dir)
+    for note in notes:
+        print(note, file=sys.stderr)
     df = _frame(args, tokenizer)
     name = "results.jsonl" if not args.shard else f"shard-{args.shard.replace('/', 'of')}.jsonl"
     store = ResultStore(out / name)
-    data_dir = _data_dir(args)
+    manifest.write(store.path, identity, manifest.run_entry(
+        n_examples=args.n_examples, tasks=args.tasks, decode_batch=args.decode_batch, shard=args.shard,
+        device=str(model.device)), notes)
+    store.path.touch()  # a shard without examples still leaves its (empty) file for merge
     start = time.perf_counter()
     written = run(model, tokenizer, df, configs, store, model_name=_model_name(args.model), dataset=args.dataset,
                   data_dir=data_dir, query_aware=args.query_aware, shard_spec=args.shard,
@@ -129,16 +116,18 @@ def cmd_run(args) -> Path:
 def cmd_merge(args) -> None:
     from evaluation.store import merge
 
-    print(f"{merge([Path(p) for p in args.shards], Path(args.out))} records in {args.out}")
+    shards = [Path(p) for p in args.shards]
+    for note in manifest.merge(shards, Path(args.out)):  # refuses missing shards and mismatched manifests
+        print(note, file=sys.stderr)
+    print(f"{merge(shards, Path(args.out))} records in {args.out}")
 
 
 def cmd_report(args) -> dict:
     from evaluation.report import write_report
-    from evaluation.store import load_results, write_kvpress_folder
+    from evaluation.store import load_results, results_files, write_kvpress_folder
 
     root = Path(args.results)
-    files = sorted(root.glob("*.jsonl")) if root.is_dir() else [root]
-    df = load_results(*files)
+    df = load_results(*results_files(root))
     out = Path(args.out) if args.out else (root if root.is_dir() else root.parent) / "report"
     paths = write_report(df, out, args.title)
     if args.kvpress_folders:
@@ -153,9 +142,9 @@ def cmd_report(args) -> dict:
 
 def cmd_compare(args) -> str:
     from evaluation.compare import markdown
-    from evaluation.store import load_results, write_atomic
+    from evaluation.store import load_results, results_files, write_atomic
 
-    files = [f for root in map(Path, args.results) for f in (sorted(root.glob("*.jsonl")) if root.is_dir() else [root])]
+    files = [f for root in args.results for f in results_files(root)]
     text = markdown(load_results(*files), args.split, presses=args.presses)
     if args.out:
         write_atomic(Path(args.out), text)
@@ -164,10 +153,12 @@ def cmd_compare(args) -> str:
 
 
 def _clear_results(out: Path) -> None:
-    """Remove a results folder's records, data seed and report (only those), so that a run computes afresh."""
+    """Remove a results folder's records, manifests, legacy data seed and report (only those), so that a run
+    computes afresh."""
     import shutil
 
-    for path in [*out.glob("results.jsonl"), *out.glob("shard-*.jsonl"), *out.glob(DATA_SEED_FILE)]:
+    for path in [*out.glob("results.jsonl"), *out.glob("shard-*.jsonl"), *out.glob("*" + manifest.SUFFIX),
+                 *out.glob(manifest.LEGACY_SEED_FILE)]:
         path.unlink()
     if (out / "report").is_dir():
         shutil.rmtree(out / "report")
@@ -372,7 +363,7 @@ def main(argv: list[str] | None = None) -> None:
                "compare": cmd_compare}[args.command]
     try:
         command(args)
-    except MissingAssetError as error:
+    except (FileNotFoundError, manifest.ManifestMismatch) as error:  # missing assets and paths, mixed settings
         sys.exit(f"kvprob {args.command}: {error}")
 
 

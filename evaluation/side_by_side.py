@@ -13,16 +13,7 @@ import pandas as pd
 
 from evaluation.aggregate import REFERENCE, average_table, win_scores
 from evaluation.report import markdown_table
-from evaluation.store import load_results
-
-
-def results_files(path: Path | str) -> list[Path]:
-    """The .jsonl files of a results folder, or the file itself; a clear error if there are none."""
-    path = Path(path)
-    files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path] if path.is_file() else []
-    if not files:
-        raise FileNotFoundError(f"no results (*.jsonl) in {path}")
-    return files
+from evaluation.store import load_results, results_files
 
 
 def _averages(df: pd.DataFrame) -> pd.DataFrame:

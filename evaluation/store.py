@@ -234,6 +234,8 @@ class ResultStore:
         else raises ``StoreCorruptError``.
         """
         if not self.path.exists():
+            if self.readonly:  # a store opened for writing starts empty; a missing file to read is an error
+                raise FileNotFoundError(f"no results file {self.path}")
             return []
         lines = self.path.read_bytes().split(b"\n")
         numbered = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
@@ -304,8 +306,21 @@ def unique_records(paths) -> list[dict]:
     return records
 
 
+def results_files(path: Path | str) -> list[Path]:
+    """The .jsonl files of a results folder, or the file itself; FileNotFoundError naming the path if
+    it does not exist or holds no results."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no such results folder or file: {path}")
+    files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
+    if not files:
+        raise FileNotFoundError(f"no results (*.jsonl) in {path}")
+    return files
+
+
 def load_results(*paths: Path | str) -> pd.DataFrame:
-    """Read one or more results files (read-only) into one DataFrame, duplicates dropped."""
+    """Read one or more results files (read-only) into one DataFrame, duplicates dropped; a missing file
+    raises FileNotFoundError."""
     return records_to_frame(unique_records(paths))
 
 

@@ -115,10 +115,15 @@ class ScoreProposal(Proposal):
         return scores_to_weights(scores)
 
 
-def rope_queries(module: nn.Module, hidden_states: torch.Tensor, position_embeddings) -> torch.Tensor:
-    """Queries of the prefill with RoPE, as the attention module computes them: (b, H_q, n, d)."""
+def rope_queries(module: nn.Module, hidden_states: torch.Tensor, position_embeddings,
+                 rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Queries of the prefill with RoPE, as the attention module computes them: (b, H_q, n, d).
+
+    ``rows`` (s,) positions: only those rows are projected, (b, H_q, s, d)."""
+    cos, sin = position_embeddings  # (b, n, d_head)
+    if rows is not None:
+        hidden_states, cos, sin = hidden_states[:, rows], cos[:, rows], sin[:, rows]
     q = get_prerope_query_states(module, hidden_states)
-    cos, sin = position_embeddings
     return q * cos.unsqueeze(1) + rotate_half(q) * sin.unsqueeze(1)
 
 
@@ -132,27 +137,84 @@ def row_weights(n: int, rows: str, query_window: int | None, device) -> tuple[to
     return h / h.sum(), start
 
 
-def attention_mass(
-    queries: torch.Tensor, keys: torch.Tensor, h: torch.Tensor, start: int, scaling: float, chunk_size: int
-) -> torch.Tensor:
-    """sum_j h_j softmax_causal(q_j . k / sqrt d) for the rows j = start.. (b, H_q, n), in chunks.
+def stratified_rows(h: torch.Tensor, s: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """An unbiased s-row sample of the mixture sum_j h_j p_j: (rows (k,), weights (k,)), k <= s.
 
-    queries (b, H_q, n, d) with RoPE, keys (b, H_kv, n, d), h (n - start,). Never more than
-    (b, H_q, chunk_size, n) scores in memory at once.
+    h (N,) >= 0, summing to 1 (the rows' prior, in position order). Returns row indices in
+    increasing order and weights such that E[sum_r weight_r p_{row_r}] = sum_j h_j p_j for any rows
+    p_j, and sum_r weight_r = sum_j h_j exactly (docs/method.md, "Sampled rows"):
+    - certainty rows: the w heaviest rows, w the smallest count such that every other row weighs less
+      than (rest mass) / (s - w); each is taken with its own weight h_j;
+    - the other rows, in position order, are cut into s - w contiguous strata of equal h-mass (a row
+      goes to the stratum holding the start of its mass interval); from each stratum S one row is
+      drawn with probability h_j / h(S) and weighs h(S).
+    s >= N (or strata of one row each) takes every row with weight h_j: the exact mixture.
+    Computed on the CPU in float64 from ``generator`` (a CPU generator): the same seed, the same rows
+    on any device.
     """
-    b, hq, n, d = queries.shape
-    hkv = keys.shape[1]
+    if s < 1:
+        raise ValueError(f"the number of sampled rows s must be >= 1, got {s}")
+    h = h.detach().to("cpu", torch.float64)
+    n_rows = h.numel()
+    if s >= n_rows:
+        return torch.arange(n_rows), h
+    order = torch.argsort(h, descending=True, stable=True)  # heaviest first (harmonic: most recent)
+    sorted_h = h[order]
+    rest_mass = sorted_h.flip(0).cumsum(0).flip(0)  # rest_mass[w] = mass of sorted rows w..N-1
+    w = torch.arange(s)
+    fits = (s - w) * sorted_h[:s] < rest_mass[:s] * (1 - 1e-12)  # the heaviest remaining row below a stratum
+    w = int(fits.to(torch.int8).argmax()) if bool(fits.any()) else s
+    if w == s:  # only if the rows beyond the s heaviest weigh 0: those s rows are the exact mixture
+        rows = order[:s].sort().values
+        return rows, h[rows]
+    certain = order[:w]
+    rest = order[w:].sort().values  # position order: strata are contiguous in recency
+    m = s - w
+    h_rest = h[rest]
+    end = h_rest.cumsum(0)  # end of each row's mass interval
+    begin = end - h_rest
+    stratum = torch.clamp((begin / end[-1] * m).floor().long(), max=m - 1)  # (N - w,)
+    mass = torch.zeros(m, dtype=torch.float64).index_add_(0, stratum, h_rest)  # h(S) per stratum
+    index = torch.arange(rest.numel())
+    first = torch.full((m,), rest.numel(), dtype=torch.long).scatter_reduce_(0, stratum, index, "amin")
+    last = torch.full((m,), -1, dtype=torch.long).scatter_reduce_(0, stratum, index, "amax")
+    u = torch.rand(m, generator=generator, dtype=torch.float64)  # one uniform per stratum, drawn even if empty
+    used = last >= 0
+    first, last, mass, u = first[used], last[used], mass[used], u[used]
+    point = begin[first] + u * mass  # inverse CDF of h inside the stratum
+    pick = torch.searchsorted(end, point, right=True).clamp(min=first, max=last)
+    rows = torch.cat([rest[pick], certain])
+    weights = torch.cat([mass, h[certain]])
+    rows, at = rows.sort()
+    return rows, weights[at]
+
+
+def attention_mass(
+    queries: torch.Tensor, rows: torch.Tensor, keys: torch.Tensor, h: torch.Tensor, scaling: float, chunk_size: int
+) -> torch.Tensor:
+    """sum_r h_r softmax_causal(q_r . k / sqrt d) over the query rows r: (b, H_q, n), in chunks.
+
+    queries (b, H_q, s, d) with RoPE, the queries of the positions ``rows`` (s,) (increasing), keys
+    (b, H_kv, n, d), h (s,). Row r sees keys 0..rows[r]. Never more than (b, H_q, chunk_size, n)
+    scores in memory at once.
+    """
+    b, hq, s, d = queries.shape
+    hkv, n = keys.shape[1], keys.shape[2]
     g = hq // hkv
     k = keys.float().transpose(2, 3)  # (b, H_kv, d, n)
     mass = torch.zeros(b, hkv, g, n, device=keys.device, dtype=torch.float32)
     positions = torch.arange(n, device=keys.device)
-    for lo in range(start, n, chunk_size):
-        hi = min(n, lo + chunk_size)  # rows lo..hi-1 see keys 0..hi-1 only (causal)
+    rows = rows.to(keys.device)
+    h = h.to(device=keys.device, dtype=torch.float32)
+    ends = (rows + 1).tolist()
+    for lo in range(0, s, chunk_size):
+        hi = min(s, lo + chunk_size)
+        top = ends[hi - 1]  # rows lo..hi-1 see keys 0..top-1 at most (causal)
         q = queries[:, :, lo:hi].float().reshape(b, hkv, g * (hi - lo), d)  # query heads of a group stacked
-        logits = torch.matmul(q, k[..., :hi]).mul_(scaling).view(b, hkv, g, hi - lo, hi)  # (b, H_kv, g, c, hi)
-        logits.masked_fill_(positions[None, :hi] > positions[lo:hi, None], float("-inf"))
+        logits = torch.matmul(q, k[..., :top]).mul_(scaling).view(b, hkv, g, hi - lo, top)  # (b, H_kv, g, c, top)
+        logits.masked_fill_(positions[None, :top] > rows[lo:hi, None], float("-inf"))
         p = torch.softmax(logits, dim=-1)
-        mass[..., :hi] += torch.einsum("bhgcn,c->bhgn", p, h[lo - start : hi - start])
+        mass[..., :top] += torch.einsum("bhgcn,c->bhgn", p, h[lo:hi])
     return mass.view(b, hq, n)
 
 
@@ -194,12 +256,17 @@ class AttentionProposal(Proposal):
     def rows(self) -> str:
         return "harmonic" if self.harmonic else self.plain_rows
 
+    def mixture_rows(self, module, hidden_states, kwargs, n: int):
+        """The query rows of the mixture: (queries (b, H_q, s, d), positions (s,), weights (s,))."""
+        h, start = row_weights(n, self.rows, self.query_window, hidden_states.device)
+        queries = rope_queries(module, hidden_states, kwargs["position_embeddings"])[:, :, start:]
+        return queries, torch.arange(start, n, device=hidden_states.device), h
+
     def weights(self, module, hidden_states, keys, values, kwargs):
         b, hkv, n, d = keys.shape
-        queries = rope_queries(module, hidden_states, kwargs["position_embeddings"])
-        h, start = row_weights(n, self.rows, self.query_window, keys.device)
+        queries, rows, h = self.mixture_rows(module, hidden_states, kwargs, n)
         scaling = getattr(module, "scaling", 1.0 / math.sqrt(d))
-        mass = attention_mass(queries, keys, h, start, scaling, self.chunk_size)  # (b, H_q, n)
+        mass = attention_mass(queries, rows, keys, h, scaling, self.chunk_size)  # (b, H_q, n)
         g = mass.shape[1] // hkv
         mass = mass.view(b, hkv, g, n)
         if self.value_norm:
@@ -228,6 +295,57 @@ class MinVarianceProposal(AttentionProposal):
 
     plain_rows: ClassVar[str] = "last"
     value_norm: ClassVar[bool] = True
+
+
+@dataclass(kw_only=True)
+class SampledMinVarianceProposal(MinVarianceProposal):
+    """pi_min-h from ``query_rows`` sampled query rows instead of all of them: O(s n) per head, not O(n^2).
+
+    The harmonic mixture sum_j h_j p_j(i) is estimated without bias by ``stratified_rows``: the most
+    recent rows (those heavier than an equal share of the rest) exactly, one row drawn with
+    probability proportional to h_j from each of the other strata of equal harmonic mass, weighted
+    by its stratum's mass. The estimate then goes through pi_min-h's own steps (times ||v_i||,
+    normalised per query head, mean over the group, floor), so the proposal is a consistent, not
+    unbiased, estimate of pi_min-h; the press's correction stays unbiased whatever proposal it
+    samples from (docs/method.md, "Sampled rows"). query_rows >= the number of rows gives
+    ``MinVarianceProposal``'s proposal exactly. Beyond Geh et al. (2026), whose pi_min-h this estimates.
+
+    Parameters
+    ----------
+    query_rows : int
+        s >= 1: the number of query rows whose attention is computed (at most s; fewer when a
+        stratum is empty).
+    row_seed : int, default 0
+        Seed of the row draws. Layer l draws from a CPU generator seeded with (row_seed, l): the same
+        row_seed gives the same rows, so the same proposal, for the same prefill, on any device.
+        The press's ``seed`` (the entries' draws) is separate.
+    harmonic : bool, default True
+        As ``MinVarianceProposal``; with False (the last row only) there is nothing to sample.
+    Other parameters: those of ``MinVarianceProposal`` (centred, query_window, chunk_size) and
+    ``Proposal`` (floor, head_shared, sharpness).
+    """
+
+    harmonic: bool = True
+    query_rows: int
+    row_seed: int = 0
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.query_rows < 1:
+            raise ValueError(f"query_rows must be >= 1, got {self.query_rows}")
+
+    def sample_rows(self, n: int, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``layer_idx``'s rows for a prefix of n: (positions (k,), weights (k,)), on the CPU."""
+        h, start = row_weights(n, self.rows, self.query_window, "cpu")
+        generator = torch.Generator().manual_seed(self.row_seed * 100_003 + int(layer_idx))
+        rows, weights = stratified_rows(h, self.query_rows, generator)
+        return rows + start, weights
+
+    def mixture_rows(self, module, hidden_states, kwargs, n: int):
+        rows, weights = self.sample_rows(n, module.layer_idx)
+        rows = rows.to(hidden_states.device)
+        queries = rope_queries(module, hidden_states, kwargs["position_embeddings"], rows)  # only these rows
+        return queries, rows, weights
 
 
 @dataclass(kw_only=True)

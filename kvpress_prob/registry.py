@@ -12,6 +12,7 @@ Beyond the paper: prob_min_c (pi_min centred), prob_min_h_strata (alpha = 0.5), 
 prob_snapkv_strata (alpha = 0.5), prob_min_h_ht and prob_snapkv_ht (Horvitz-Thompson weights 1 / q_i).
 Stronger kvpress top-k baselines (``STRONGER``): expected_attention (under AdaKV, as kvpress's own
 evaluation registry runs it), keydiff, lagkv, adakv_<tova|knorm|keydiff|lagkv>.
+prob_min_h_s256: pi_min-h estimated from 256 sampled query rows (sub-quadratic; ``SampledMinVarianceProposal``).
 Sampling designs beyond the paper's draws (``_DESIGNS``): threshold (pi-ps), priority and block
 (cluster) samplers over several proposals, sharpened proposals; topk_<proposal>_block8/16 are the
 block designs' deterministic twins (top-k over blocks). ``RECOMMENDED`` names the probabilistic press
@@ -39,7 +40,7 @@ from kvpress import (
 
 from kvpress_prob.calibration import CalibratedProposal
 from kvpress_prob.press import SamplingPress
-from kvpress_prob.proposals import H2OProposal, MinVarianceProposal, ScoreProposal
+from kvpress_prob.proposals import H2OProposal, MinVarianceProposal, SampledMinVarianceProposal, ScoreProposal
 from kvpress_prob.samplers import PoissonSampler, Sampler, TopKSampler
 from kvpress_prob.samplers.block import BlockSampler
 from kvpress_prob.samplers.priority import PrioritySampler
@@ -154,6 +155,8 @@ _DESIGNS: dict[str, Callable[[float], SamplingPress]] = {
     "prob_lagkv": _sampling(lambda: ScoreProposal(scorer=LagKVPress())),
     "prob_min_shared": _sampling(lambda: MinVarianceProposal(harmonic=False, head_shared=True)),
     "prob_min_h_w64": _sampling(lambda: MinVarianceProposal(harmonic=True, query_window=64)),
+    # pi_min-h from 256 sampled query rows, O(s n): s chosen on the development split (docs/method.md)
+    "prob_min_h_s256": _sampling(lambda: SampledMinVarianceProposal(query_rows=256)),
     # sampling designs beyond draws with replacement
     "prob_tova_threshold": _sampling(_tova, ThresholdSampler),
     "prob_tova_priority": _sampling(_tova, PrioritySampler),

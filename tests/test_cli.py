@@ -106,7 +106,8 @@ def test_generate_without_the_model_wheel_says_how_to_install_it(tmp_path, monke
 
 
 def test_fresh_removes_only_records_and_report(tmp_path):
-    for name in ("results.jsonl", "shard-1of2.jsonl", "data_seed.json", "notes.txt", "report/summary.md",
+    for name in ("results.jsonl", "shard-1of2.jsonl", "results.manifest.json", "shard-1of2.manifest.json",
+                 "data_seed.json", "notes.txt", "report/summary.md",
                  "report/plots/a.png"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("x")
@@ -146,15 +147,13 @@ def test_comparison_puts_two_runs_side_by_side(tmp_path):
     assert pd.isna(rows.loc[("tova", 0.5), "this run"]) and rows.loc[("tova", 0.5), "reference"] == 0
     text = comparison_markdown(run, ref)
     assert "| snapkv | 0.5 | 25.0 | 50.0 | -25.0 |" in text and "1 of 3 (method, ratio) averages are equal" in text
+    (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no results"):
         results_files(tmp_path / "empty")
+    with pytest.raises(FileNotFoundError, match="no such results folder or file: .*never-run"):
+        results_files(tmp_path / "never-run")
 
 
-def test_a_results_folder_holds_one_data_seed(tmp_path, capsys):
-    cli._check_data_seed(tmp_path, 1)  # first run: the seed is written down
-    cli._check_data_seed(tmp_path, 1)  # resuming the same split is fine
-    with pytest.raises(SystemExit, match="--data-seed 0, but .* holds results of data seed 1"):
-        cli._check_data_seed(tmp_path, 0)
-    with pytest.raises(SystemExit, match="data seed 1"):  # through the command line, before any model is loaded
-        cli.main(["run", "--presses", "snapkv", "--data-seed", "0", "--out", str(tmp_path)])
+def test_data_dir_is_the_ruler_context_length():
     assert cli._data_dir(argparse.Namespace(dataset="ruler", context_length=1024, data_seed=1)) == "1024"
+    assert cli._data_dir(argparse.Namespace(dataset="longbench", context_length=3000, data_seed=0)) == "lt3000"

@@ -3,6 +3,9 @@
 import pytest
 from kvpress import KVPressTextGenerationPipeline
 
+from test_press import explicit_answer
+from test_proposals import ATTENTION_PROPOSALS, check_against_eager
+
 from kvpress_prob import get_press, load_model
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
@@ -20,10 +23,19 @@ def test_embedded_model_finds_a_short_needle(pipe):
     prefix = "The special magic number for quiet-river mentioned in the provided text is"
     full = pipe(context, question=question, answer_prefix=prefix, max_new_tokens=12)["answer"]
     assert "4825163" in full
-    # the head-adaptive kvpress baseline and a probabilistic press run on the real model too
+    # the head-adaptive kvpress baseline and a probabilistic press on the real model: at r = 0.25 both lose
+    # digits of this needle (' 482.'), so their answers are checked against the greedy decoding written out
+    inputs = pipe.preprocess(context, [question], prefix, 10**9)
     for name in ("adakv_snapkv", "prob_min_h"):
         answer = pipe(context, question=question, answer_prefix=prefix, press=get_press(name, 0.25), max_new_tokens=12)
-        assert isinstance(answer["answer"], str)
+        assert answer["answer"] == explicit_answer(pipe.model, pipe.tokenizer, get_press(name, 0.25), inputs, 12), name
+        assert answer["answer"].strip().startswith("48")  # the needle's first digits survive
+
+
+def test_attention_proposals_match_the_embedded_models_eager_attention(pipe):
+    """pi_min, pi_min-h, H2O and TOVA's scores against SmolLM2's own eager attention weights (64 tokens)."""
+    for layer in (0, 15):
+        check_against_eager(pipe.model, layer=layer, n=64, proposals=ATTENTION_PROPOSALS)
 
 
 def test_shared_prefill_equals_the_pipeline_on_the_embedded_model(pipe):

@@ -165,10 +165,12 @@ def test_every_kind_of_registry_press_runs_in_the_pipeline_and_generate(arch, to
     ids = tokenizer(context, return_tensors="pt").input_ids
     # kvpress's AdaKV needs queries in a half-space (its fake-key search), which random tiny models
     # do not have: it runs on the embedded model in test_embedded.py
+    inputs = pipe.preprocess(context, ["What is word7?"], "", 10**9)
     for name in distinct_presses():
         press = get_press(name, 0.5)
         answer = pipe(context, question="What is word7?", press=press, max_new_tokens=4)["answer"]
-        assert isinstance(answer, str)
+        # the pipeline's answer is the greedy decoding written out, on the same compressed cache
+        assert answer == explicit_answer(model, tokenizer, press, inputs, 4), name
         # generate (batch 1) must agree with the explicit greedy loop on the same compressed cache
         with torch.no_grad(), press(model):
             generated = model.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4)[0, ids.shape[1]:]
@@ -178,19 +180,35 @@ def test_every_kind_of_registry_press_runs_in_the_pipeline_and_generate(arch, to
             assert 0.3 < press.stats["realised_ratio"] < 0.7, name
 
 
-def prefill_and_decode(model, press, ids, n_tokens):
-    """The same greedy decoding written out: compressed prefill, then one token at a time."""
+def prefill_and_decode(model, press, ids, n_tokens, question_ids=None):
+    """The same greedy decoding written out: compressed prefill of ``ids``, then (``question_ids`` fed
+    first, if given) one token at a time."""
     cache = DynamicCache()
     n = ids.shape[1]
     with torch.no_grad():
         with press(model):
             token = model(input_ids=ids, past_key_values=cache).logits[:, -1:].argmax(-1)
+        if question_ids is not None:
+            positions = torch.arange(n, n + question_ids.shape[1])[None]
+            token = model(input_ids=question_ids, past_key_values=cache, position_ids=positions).logits[:, -1:].argmax(-1)
+            n += question_ids.shape[1]
         out = [int(token)]
         for i in range(n_tokens - 1):
             logits = model(input_ids=token, past_key_values=cache, position_ids=torch.tensor([[n + i]])).logits
             token = logits[:, -1:].argmax(-1)
             out.append(int(token))
     return out
+
+
+def explicit_answer(model, tokenizer, press, inputs, n_tokens):
+    """The kvpress pipeline's answer computed by hand: the press prefills the context, the question is fed
+    on the compressed cache, greedy tokens up to the first stop token after the first (kept, then
+    dropped as special), decoded."""
+    tokens = prefill_and_decode(model, press, inputs["context_ids"], n_tokens, inputs["questions_ids"][0])
+    stop = model.generation_config.eos_token_id
+    stop = set(stop if isinstance(stop, list) else [stop])
+    end = next((i + 1 for i in range(1, len(tokens)) if tokens[i] in stop), len(tokens))
+    return tokenizer.decode(tokens[:end], skip_special_tokens=True)
 
 
 def test_recommended_press_is_a_sampling_registry_press():

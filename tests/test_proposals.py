@@ -1,10 +1,9 @@
-"""Proposals: valid distributions, and the chunked attention proposals against a dense reference."""
+"""Proposals: valid distributions, and the attention proposals against the model's own eager attention weights."""
 
-import math
 
 import pytest
 import torch
-from conftest import random_ids
+from conftest import random_ids, tiny_model
 from kvpress import KnormPress, SnapKVPress, StreamingLLMPress, TOVAPress
 from transformers import DynamicCache
 
@@ -27,18 +26,27 @@ def layer_inputs(model, n=70, layer=1):
     return grabbed["x"]
 
 
-def dense_attention(module, hidden, keys, kwargs):
-    """The full causal attention matrix (H_q, n, n), explicit softmax: the slow reference."""
-    from kvpress_prob.proposals import rope_queries
+def eager_attention(model, n=70, layer=1):
+    """The model's own attention weights (H_q, n, n) of ``layer`` on ``layer_inputs``'s ids: an eager
+    forward with ``output_attentions=True``, independent of the code's query reconstruction (RoPE, q-norm)."""
+    implementation = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            attentions = model(input_ids=random_ids(n), output_attentions=True).attentions
+    finally:
+        model.set_attn_implementation(implementation)
+    return attentions[layer][0].float()
 
-    q = rope_queries(module, hidden, kwargs["position_embeddings"])[0].float()  # (H_q, n, d)
-    g = q.shape[0] // keys.shape[1]
-    k = keys[0].float().repeat_interleave(g, dim=0)  # (H_q, n, d)
-    logits = q @ k.transpose(1, 2) / math.sqrt(q.shape[-1])
-    n = logits.shape[-1]
-    logits = logits.masked_fill(torch.ones(n, n).triu(1).bool(), -math.inf)
-    e = torch.exp(logits - logits.amax(-1, keepdim=True))
-    return e / e.sum(-1, keepdim=True)
+
+def with_random_norms(model):
+    """Qwen3's q-norm and k-norm start as ones; random gains make a reconstruction that skips them fail."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                p.copy_(0.5 + torch.rand(p.shape, generator=g))
+    return model
 
 
 def reference(A, values, rows, value_norm, floor, centred=False):
@@ -63,26 +71,57 @@ def reference(A, values, rows, value_norm, floor, centred=False):
     return (1 - floor) * pi + floor / n
 
 
-@pytest.mark.parametrize(
-    "proposal,rows,value_norm,centred",
-    [
-        (MinVarianceProposal(harmonic=False, chunk_size=7), "last", True, False),
-        (MinVarianceProposal(harmonic=True, chunk_size=7), "harmonic", True, False),
-        (MinVarianceProposal(harmonic=False, centred=True), "last", True, True),
-        (H2OProposal(harmonic=False, chunk_size=16), "uniform", False, False),
-        (H2OProposal(harmonic=True, chunk_size=100), "harmonic", False, False),
-    ],
-)
-def test_attention_proposals_match_dense_reference(model, proposal, rows, value_norm, centred):
+ATTENTION_PROPOSALS = [
+    (MinVarianceProposal(harmonic=False, chunk_size=7), "last", True, False),  # pi_min
+    (MinVarianceProposal(harmonic=True, chunk_size=7), "harmonic", True, False),  # pi_min-h
+    (MinVarianceProposal(harmonic=False, centred=True), "last", True, True),
+    (H2OProposal(harmonic=False, chunk_size=16), "uniform", False, False),  # H2O
+    (H2OProposal(harmonic=True, chunk_size=100), "harmonic", False, False),
+]
+
+
+def tova_reference(A, floor):
+    """TOVA's scores as a proposal: the last row's attention over the earlier keys, averaged over the
+    query heads (the last key gets the maximum + 1), shifted by its minimum, normalised, floor-mixed."""
+    scores = torch.cat([A[:, -1, :-1].mean(0), A[:, -1, :-1].mean(0).max().view(1) + 1])
+    w = scores - scores.min()
+    return (1 - floor) * w / w.sum() + floor / w.shape[0]  # (n,): every KV head the same
+
+
+def check_against_eager(model, layer, n, proposals):
+    module, hidden, keys, values, kwargs = layer_inputs(model, n=n, layer=layer)
+    A = eager_attention(model, n=n, layer=layer)
+    torch.testing.assert_close(A.sum(-1), torch.ones(A.shape[:2]))  # rows of a softmax: a sanity check of A
+    for proposal, rows, value_norm, centred in proposals:
+        pi = proposal(module, hidden, keys, values, kwargs)[0]
+        expected = reference(A, values, rows, value_norm, proposal.floor, centred)
+        torch.testing.assert_close(pi, expected, rtol=1e-4, atol=1e-6, msg=lambda m: f"{proposal}: {m}")
+    tova = ScoreProposal(scorer=TOVAPress())
+    pi = tova(module, hidden, keys, values, kwargs)[0]
+    torch.testing.assert_close(pi, tova_reference(A, tova.floor).expand_as(pi), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_attention_proposals_match_the_models_eager_attention(arch):
+    """pi_min, pi_min-h, H2O and TOVA's scores against the attention weights the model itself returns
+    (tiny Llama; tiny Qwen3 with random q-norm and k-norm gains)."""
+    check_against_eager(with_random_norms(tiny_model(arch)), layer=1, n=70, proposals=ATTENTION_PROPOSALS)
+
+
+def test_the_eager_reference_detects_a_wrong_query():
+    """The comparison can fail: with the q-norm gains changed after the proposal, pi_min-h moves away."""
+    model = with_random_norms(tiny_model("qwen3"))
     module, hidden, keys, values, kwargs = layer_inputs(model)
-    pi = proposal(module, hidden, keys, values, kwargs)
-    A = dense_attention(module, hidden, keys, kwargs)
-    torch.testing.assert_close(pi[0], reference(A, values, rows, value_norm, proposal.floor, centred), rtol=1e-5, atol=1e-7)
+    pi = MinVarianceProposal(harmonic=True)(module, hidden, keys, values, kwargs)[0]
+    with torch.no_grad():
+        model.model.layers[1].self_attn.q_norm.weight.mul_(1.5)
+    expected = reference(eager_attention(model), values, "harmonic", True, 0.01)
+    assert not torch.allclose(pi, expected, rtol=1e-4, atol=1e-6)
 
 
 def test_query_window_restricts_rows(model):
     module, hidden, keys, values, kwargs = layer_inputs(model)
-    A = dense_attention(module, hidden, keys, kwargs)
+    A = eager_attention(model)
     pi = MinVarianceProposal(harmonic=True, query_window=10)(module, hidden, keys, values, kwargs)
     n = A.shape[-1]
     h = 1.0 / (n - torch.arange(n - 10, n, dtype=torch.float32))
@@ -91,7 +130,7 @@ def test_query_window_restricts_rows(model):
     mass = mass * v.norm(dim=-1)
     mass = mass / mass.sum(-1, keepdim=True)
     ref = 0.99 * mass.view(2, 2, n).mean(1) + 0.01 / n
-    torch.testing.assert_close(pi[0], ref, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(pi[0], ref, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize(

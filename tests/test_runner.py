@@ -75,6 +75,33 @@ def test_batched_decoding_matches_one_at_a_time(arch, tmp_path, tokenizer):
         run(model, tokenizer, examples(1), configs, many, decode_batch=0, **kwargs)
 
 
+def check_sweep_equals_the_pipeline(model, tokenizer, store):
+    """A decode_batch 1 sweep (the shared prefill, kvpress's own decoding loop) gives, record by record,
+    the pipeline's answer with that press run from scratch: the same operations in the same order, so
+    equal in any dtype. Returns the configurations checked."""
+    model.generation_config.eos_token_id = 2
+    configs = configurations(["snapkv", "prob_min_h", "prob_snapkv_nocorr", "h2o"], [0.25, 0.75], [0, 1])
+    frame = examples(2)
+    run(model, tokenizer, frame, configs, store, model_name="tiny", dataset="ruler", data_dir="64", progress=False)
+    pipe = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer)
+    rows, by_key = frame.set_index("example_id"), {(c.label, c.compression_ratio, c.seed): c for c in configs}
+    records = store.records()
+    assert len(records) == 2 * len(configs)
+    for record in records:
+        row, cfg = rows.loc[record["example_id"]], by_key[record["press"], record["compression_ratio"], record["seed"]]
+        reference = pipe(row.context, question=row.question, answer_prefix=row.answer_prefix, press=cfg.build(),
+                         max_new_tokens=int(row.max_new_tokens))["answer"]
+        assert record["prediction"] == reference, cfg
+    return configs
+
+
+def test_bfloat16_sweep_equals_the_pipeline(tmp_path, tokenizer):
+    """The runner in bfloat16 (what CUDA runs; tests/test_cuda.py repeats this on the GPU)."""
+    model = tiny_model("qwen3", dtype=torch.bfloat16)
+    check_sweep_equals_the_pipeline(model, tokenizer, ResultStore(tmp_path / "bf16.jsonl"))
+    assert model.model.layers[0].self_attn.q_proj.weight.dtype == torch.bfloat16
+
+
 def test_batched_rows_leave_the_batch_when_they_stop(tokenizer):
     """Rows that hit a stop token are dropped mid-decode; the rest must go on exactly as alone."""
     model = tiny_model("qwen3")

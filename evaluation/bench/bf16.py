@@ -194,11 +194,15 @@ def markdown(result: dict, table: pd.DataFrame, overall: dict) -> str:
     )
 
 
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m evaluation.bench bf16", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_arguments(p)
+    return p
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m evaluation.bench bf16", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     result = run(args)
     table, overall = summarise(result)
     out = Path(args.out) / "bf16"

@@ -28,51 +28,12 @@ from pathlib import Path
 import torch
 from kvpress import KVPressTextGenerationPipeline
 
+from evaluation.bench import decompose_report
+from evaluation.bench.decompose_steps import DEV_TASKS, FAMILIES, all_configs
 from evaluation.engine import Prefill
 from evaluation.runner import Config, run
 from evaluation.store import ResultStore, shard, write_atomic
 from kvpress_prob import SamplingPress
-from kvpress_prob.registry import is_sampling
-
-#: family -> (kvpress top-k press, probabilistic press with the same scores); None: no kvpress press
-FAMILIES = {
-    "tova": ("tova", "prob_tova"),
-    "knorm": ("knorm", "prob_knorm"),
-    "snapkv": ("snapkv", "prob_snapkv"),
-    "streaming_llm": ("streaming_llm", "prob_streaming_llm"),
-    "expected_attention": ("expected_attention", "prob_expected_attention"),
-    "h2o": ("h2o", "prob_h2o"),
-    "min_h": (None, "prob_min_h"),
-}
-STEPS = ("topk", "head", "layer", "global", "sampled", "corrected")
-DEV_TASKS = ["niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_2", "niah_multikey_3",
-             "niah_multivalue", "niah_multiquery", "fwe"]
-
-
-def step_configs(family: str, ratio: float, seeds: list[int]) -> dict[str, list[Config]]:
-    """The configurations of each step of one family at one ratio (sampled steps: one per seed)."""
-    topk, prob = FAMILIES[family]
-    steps = {
-        "head": [Config(prob, ratio, 0, (("sampler", "topk"), ("budget", "head")))],
-        "layer": [Config(prob, ratio, 0, (("sampler", "topk"), ("budget", "layer")))],
-        "global": [Config(prob, ratio, 0, (("sampler", "topk"),))],
-        "sampled": [Config(prob, ratio, s, (("correct", False),)) for s in seeds],
-        "corrected": [Config(prob, ratio, s) for s in seeds],
-    }
-    if topk is not None:
-        steps = {"topk": [Config(topk, ratio, 0)], **steps}
-    return steps
-
-
-def all_configs(families, ratios, seeds, extra=()) -> list[tuple[str, str, Config]]:
-    """(family, step, configuration) for every family, ratio and step; each ``extra`` registry
-    press (another design, measured alongside) is a family "design" whose step is its name."""
-    steps = [(family, step, cfg) for family in families for ratio in ratios
-             for step, cfgs in step_configs(family, ratio, seeds).items() for cfg in cfgs]
-    designs = [("design", name, Config(name, ratio, seed)) for name in extra for ratio in ratios
-               for seed in (seeds if is_sampling(name) else seeds[:1])]
-    return steps + designs
-
 
 # ------------------------------------------------------------------------------ needle survival
 
@@ -173,15 +134,32 @@ def measure_survival(model, tokenizer, frame, configs, out: Path, shard_spec: st
 # ------------------------------------------------------------------------------ CLI
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m evaluation.bench decompose", description=__doc__,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--out", default="results/decompose/dev-1024", help="output folder")
+def add_split_arguments(p: argparse.ArgumentParser) -> None:
+    """--model and the RULER examples (--context-length, --data-seed, --n-examples, --tasks): the
+    development split by default."""
     p.add_argument("--model", default=None, help="HF id or local path (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--context-length", type=int, default=1024)
     p.add_argument("--data-seed", type=int, default=0, help="RULER data seed (0: the development split)")
     p.add_argument("--n-examples", type=int, default=8, help="examples, spread over --tasks")
     p.add_argument("--tasks", nargs="+", default=DEV_TASKS)
+
+
+def load_split(args: argparse.Namespace, out: Path):
+    """Write ``out/settings.json`` (the arguments), load the model and generate the examples of
+    ``add_split_arguments``: (model, tokenizer, frame)."""
+    from evaluation.datasets.ruler import generate_ruler
+    from kvpress_prob.models import load_model
+
+    write_atomic(out / "settings.json", json.dumps(vars(args), indent=2))
+    model, tokenizer = load_model(args.model)
+    return model, tokenizer, generate_ruler(tokenizer, args.context_length, args.n_examples, args.data_seed, args.tasks)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m evaluation.bench decompose", description=__doc__,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--out", default="results/decompose/dev-1024", help="output folder")
+    add_split_arguments(p)
     p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
     p.add_argument("--extra", nargs="*", default=[], help="other registry presses measured alongside the steps")
     p.add_argument("--ratios", nargs="+", type=float, default=[0.1, 0.25, 0.5, 0.75])
@@ -196,20 +174,18 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from evaluation.bench import decompose_report
-    from evaluation.datasets.ruler import generate_ruler
-    from kvpress_prob.models import EMBEDDED_NAME, load_model
+    from kvpress_prob.models import EMBEDDED_NAME
 
     args = parser().parse_args(argv)
     if args.quick:
         args.n_examples, args.families, args.ratios, args.seeds = 2, ["tova", "knorm"], [0.5], [0, 1]
         args.tasks = ["niah_single_1", "niah_multikey_2"]
     out = Path(args.out)
+    if args.report and not out.is_dir():
+        raise FileNotFoundError(f"--report: no results to report, {out} does not exist")
     out.mkdir(parents=True, exist_ok=True)
     if not args.report:
-        write_atomic(out / "settings.json", json.dumps(vars(args), indent=2))
-        model, tokenizer = load_model(args.model)
-        frame = generate_ruler(tokenizer, args.context_length, args.n_examples, args.data_seed, args.tasks)
+        model, tokenizer, frame = load_split(args, out)
         configs = all_configs(args.families, args.ratios, args.seeds, args.extra)
         if not args.scores_only:
             measure_survival(model, tokenizer, frame, configs, out, args.shard)

@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from evaluation.bench.decompose import STEPS, all_configs  # noqa: E402
+from evaluation.bench.decompose_steps import STEPS, all_configs  # noqa: E402
 from evaluation.report import markdown_table  # noqa: E402
 from evaluation.stats import mean_ci  # noqa: E402
 from evaluation.store import load_results, write_atomic  # noqa: E402

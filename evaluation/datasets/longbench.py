@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from evaluation.datasets import FRAME_COLUMNS, count_tokens, finalize_frame
+from evaluation.datasets.frame import FRAME_COLUMNS, count_tokens, finalize_frame
 
 HUB_REPO = "Xnhyacinth/LongBench"
 LONGBENCH_TASKS = ("hotpotqa", "qasper", "triviaqa")

