@@ -71,10 +71,11 @@ def window_entropy(module, hidden_states, keys, kwargs, query_window: int, chunk
     """Entropy (b, H_kv) of the mean attention of the last ``query_window`` prefix queries: each
     query head's mean attention row, its entropy, averaged over the KV head's query heads."""
     b, hkv, n, d = keys.shape
-    queries = rope_queries(module, hidden_states, kwargs["position_embeddings"])  # (b, H_q, n, d)
     h, start = row_weights(n, "uniform", query_window, keys.device)
+    rows = torch.arange(start, n, device=keys.device)
+    queries = rope_queries(module, hidden_states, kwargs["position_embeddings"], rows=rows)  # (b, H_q, s, d)
     scaling = getattr(module, "scaling", 1.0 / math.sqrt(d))
-    mass = attention_mass(queries, keys, h, start, scaling, chunk_size)  # (b, H_q, n), rows sum to 1
+    mass = attention_mass(queries, rows, keys, h, scaling, chunk_size)  # (b, H_q, n), rows sum to 1
     return entropy(mass).view(b, hkv, -1).mean(-1)
 
 

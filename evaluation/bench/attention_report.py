@@ -77,7 +77,7 @@ def correlations(table: pd.DataFrame, n_permutations: int = N_PERMUTATIONS, n_bo
         if target not in table or table[target].isna().all():
             continue
         for measure in MEASURES:
-            if measure == target or table[measure].isna().all():
+            if measure == target or measure not in table or table[measure].isna().all():
                 continue
             sub = table.dropna(subset=[measure, target]).reset_index(drop=True)
             x, y = sub[measure].to_numpy(float), sub[target].to_numpy(float)
