@@ -219,7 +219,13 @@ class SpanPress(SamplingPress):
         if self.tokenizer is None:
             from transformers import AutoTokenizer
 
-            self.tokenizer = AutoTokenizer.from_pretrained(model.config._name_or_path)
+            source = getattr(model.config, "_name_or_path", "")
+            try:
+                self.tokenizer = AutoTokenizer.from_pretrained(source)
+            except (OSError, ValueError) as error:
+                raise ValueError(
+                    f"SpanPress needs a tokenizer for its word boundaries: none could be loaded from the model's "
+                    f"name_or_path {source!r} ({type(error).__name__}); pass tokenizer=<the model's tokenizer>") from error
 
     def units_of(self, ids: torch.Tensor) -> torch.Tensor:
         """Unit index (n,) of each position of ``ids`` (1, n) or (n,)."""
