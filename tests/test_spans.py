@@ -133,6 +133,7 @@ def test_span_press_refuses_a_non_head_budget_and_a_wrong_sampler():
 
 
 def test_span_press_without_a_tokenizer_to_load_names_the_parameter():
-    model = tiny_model("llama")  # built from a config: no name_or_path to load a tokenizer from
+    model = tiny_model("llama")
+    model.config._name_or_path = ""  # built from a config: no name_or_path to load a tokenizer from
     with pytest.raises(ValueError, match="tokenizer="):
         span_press(0.5, "topk").post_init_from_model(model)
