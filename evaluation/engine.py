@@ -33,6 +33,7 @@ cache, for the fidelity benchmark (logits, and optionally each layer's attention
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -45,6 +46,7 @@ from transformers.cache_utils import DynamicLayer
 from kvpress_prob import SamplingPress, correction
 from kvpress_prob.press import language_model
 from kvpress_prob.registry import EagerObservedAttentionPress
+from kvpress_prob.spans import SpanPress
 
 
 @dataclass
@@ -266,7 +268,9 @@ class Prefill:
         if p.kind == "full":
             return cache
         if p.kind == "sampling":
-            press.evict(cache, self.proposals_of(press))
+            # a SpanPress reads the prefill's token ids; a replay binds them around evict
+            with press.tokens(self.context_ids) if isinstance(press, SpanPress) else nullcontext():
+                press.evict(cache, self.proposals_of(press))
             return cache
         replay = ReplayedScores(compression_ratio=press.compression_ratio, scores=self._stored(p))
         if p.kind == "adakv":

@@ -43,6 +43,7 @@ from kvpress import (
     TOVAPress,
 )
 
+from kvpress_prob.calibration import CalibratedProposal
 from kvpress_prob.press import SamplingPress, language_model
 from kvpress_prob.proposals import (H2OProposal, MinVarianceProposal, SampledMinVarianceProposal, ScoreProposal,
                                    attention_mass, chunk_rows, rope_queries)
@@ -50,6 +51,7 @@ from kvpress_prob.samplers import PoissonSampler, Sampler, TopKSampler
 from kvpress_prob.samplers.block import BlockSampler
 from kvpress_prob.samplers.priority import PrioritySampler
 from kvpress_prob.samplers.threshold import ThresholdSampler
+from kvpress_prob.spans import SpanPress, SpanSampler
 
 
 @dataclass
@@ -250,6 +252,35 @@ ADAPTIVE: dict[str, Callable[[float], SamplingPress]] = {
                          ("lagkv", LagKVPress)]
 }
 
+
+def _calibrated(scorer: Callable, calibration: str) -> Callable[[], CalibratedProposal]:
+    return lambda: CalibratedProposal(scorer=scorer(), calibration=calibration)
+
+
+def _block8_priority() -> BlockSampler:
+    return BlockSampler(size=8, inner=PrioritySampler())
+
+
+def _span(proposal_factory: Callable, inner: str, widen: int = 1) -> Callable[[float], SpanPress]:
+    return lambda ratio: SpanPress(proposal=proposal_factory(), sampler=SpanSampler(inner=inner, widen=widen),
+                                   compression_ratio=ratio, budget="head")
+
+
+#: Calibrated proposals (score -> pi by rank or by an entropy-matched softmax) and span-aware units
+#: (word-aligned blocks of up to 8 tokens, kept spans widened by one token); README, "Calibrated
+#: proposals, span-aware units, and an attention measure that predicts answers".
+_CALIBRATED: dict[str, Callable[[float], SamplingPress]] = {
+    "prob_keydiff_block8_priority": _sampling(_keydiff, _block8_priority, budget="head"),
+    "prob_keydiff_block8_priority_rank": _sampling(_calibrated(KeyDiffPress, "rank"), _block8_priority, budget="head"),
+    "prob_keydiff_block8_priority_ent": _sampling(_calibrated(KeyDiffPress, "entropy"), _block8_priority,
+                                                  budget="head"),
+    "prob_expected_attention_block8_priority": _sampling(_expected_attention, _block8_priority, budget="head"),
+    "prob_expected_attention_block8_priority_ent": _sampling(
+        _calibrated(lambda: ExpectedAttentionPress(epsilon=1e-2), "entropy"), _block8_priority, budget="head"),
+    "prob_tova_span8_priority": _span(_tova, "priority"),
+    "prob_keydiff_span8_priority_ent": _span(_calibrated(KeyDiffPress, "entropy"), "priority"),
+}
+
 PRESSES: dict[str, Callable[[float], BasePress]] = {
     **BASELINES,
     **STRONGER,
@@ -260,9 +291,15 @@ PRESSES: dict[str, Callable[[float], BasePress]] = {
     "topk_tova_block16": _sampling(_tova, lambda: BlockSampler(size=16, inner=TopKSampler()), budget="head"),
     "topk_knorm_block8": _sampling(_knorm, lambda: BlockSampler(size=8, inner=TopKSampler()), budget="head"),
     "topk_keydiff_block8": _sampling(_keydiff, lambda: BlockSampler(size=8, inner=TopKSampler()), budget="head"),
+    # span-aware twins: word-aligned units, kept spans widened by one token (nowiden: not widened)
+    "topk_keydiff_span8": _span(_keydiff, "topk"),
+    "topk_tova_span8": _span(_tova, "topk"),
+    "topk_keydiff_span8_nowiden": _span(_keydiff, "topk", widen=0),
+    "topk_tova_span8_nowiden": _span(_tova, "topk", widen=0),
     **_PROB,
     **_DESIGNS,
     **ADAPTIVE,
+    **_CALIBRATED,
     **{f"{name}_nocorr": _uncorrected(factory) for name, factory in _PROB.items()},
 }
 

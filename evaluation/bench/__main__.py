@@ -3,8 +3,9 @@
 Every bench package takes ``--quick``, ``--out`` (the output root; a bench writes into its own
 folder below it) and ``--model``, and its own options (``python -m evaluation.bench <name> --help``).
 ``decompose`` (``evaluation/bench/decompose.py`` and ``decompose_report.py``), ``bf16``
-(``evaluation/bench/bf16.py``) and ``sampled-rows`` (``evaluation/bench/sampled_rows.py``) parse their own
-options.
+(``evaluation/bench/bf16.py``), ``sampled-rows`` (``evaluation/bench/sampled_rows.py``) and ``attention``
+(``evaluation/bench/attention.py`` and ``attention_report.py``: which attention-level measure predicts KL
+and score) parse their own options.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ COMMANDS = {
 QUICK_INTO_SUBFOLDER = {"fidelity", "shared-prefill"}  # their --quick output goes to <out>/<folder>/quick
 # CLI name -> module with its own ``main(argv)`` and parser (``python -m evaluation.bench <name> --help``)
 OWN_PARSERS = {"decompose": "evaluation.bench.decompose", "bf16": "evaluation.bench.bf16",
-               "sampled-rows": "evaluation.bench.sampled_rows"}
+               "sampled-rows": "evaluation.bench.sampled_rows", "attention": "evaluation.bench.attention"}
 
 
 def build_parser() -> argparse.ArgumentParser:
