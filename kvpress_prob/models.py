@@ -82,6 +82,7 @@ def load_model(
     device: str | None = None,
     dtype: torch.dtype | None = None,
     attn_implementation: str = "sdpa",
+    device_map: str | dict | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load (model, tokenizer) in eval mode.
 
@@ -94,12 +95,18 @@ def load_model(
     attn_implementation : str, default "sdpa"
         The corrected attention of the probabilistic presses runs on any implementation in
         transformers' ``ALL_ATTENTION_FUNCTIONS`` (not "eager").
+    device_map : str or dict, optional
+        Layers over several devices, as transformers / accelerate take it: "auto" (every visible GPU,
+        then the CPU), "balanced", "sequential", or a dict from module name to device
+        (``{"model.embed_tokens": 0, "model.layers.0": 0, ..., "lm_head": 1}``). ``device`` is then
+        ignored. Presses, the correction and the runner keep every tensor on its layer's device.
     """
     hf_logging.disable_progress_bar()
     auto_device, auto_dtype = default_device_dtype()
     device, dtype = device or auto_device, dtype or auto_dtype
     path = embedded_model_path() if name_or_path in (None, "", "embedded", EMBEDDED_NAME) else name_or_path
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
+    placement = {} if device_map is None else {"device_map": device_map}
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation, **placement)
     tokenizer = AutoTokenizer.from_pretrained(path)
     _fix_tokenizer(tokenizer, model)
-    return model.to(device).eval(), tokenizer
+    return (model if device_map is not None else model.to(device)).eval(), tokenizer

@@ -197,16 +197,17 @@ class SamplingPress(BasePress):
         wrappers.disarm(self)  # called directly: no wrapper to check
         attention.install()
         modules = sorted(proposals, key=lambda module: module.layer_idx)
-        pi = torch.stack([proposals[module] for module in modules]).double()  # (L, b, H_kv, n)
+        device = proposals[modules[0]].device  # layers may sit on several devices: draw on the first one's
+        pi = torch.stack([proposals[module].to(device) for module in modules]).double()  # (L, b, H_kv, n)
         generator = torch.Generator(device=pi.device).manual_seed(self.seed)
         result = self.sampler(pi, self.compression_ratio, self.budget, generator)
         self.last_draw = result
         tau = self.temperature if self.correct else float("inf")
         kept, stored, bytes_kv, bytes_full, bytes_bias = [], [], 0, 0, 0
         for index, module in enumerate(modules):
-            keep, log_weight = result.keep[index], result.log_weight[index]  # (b, H_kv, n)
             layer = cache.layers[module.layer_idx]
             keys, values = layer.keys, layer.values  # (b, H_kv, n, d)
+            keep, log_weight = result.keep[index].to(keys.device), result.log_weight[index].to(keys.device)  # (b, H_kv, n)
             counts = keep.sum(dim=-1)  # (b, H_kv)
             n_stored = max(1, int(counts.max()))
             # kept positions first, in prefix order, then padding

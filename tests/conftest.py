@@ -26,6 +26,10 @@ def tiny_model(arch: str, dtype=torch.float32, layers: int = 3):
         model = LlamaForCausalLM(LlamaConfig(**common))
     else:
         model = Qwen3ForCausalLM(Qwen3Config(head_dim=16, **common))
+    # its vocabulary is the embedded tokenizer's: presses that read word boundaries (SpanPress) load it from here
+    from kvpress_prob.models import embedded_model_path
+
+    model.config._name_or_path = str(embedded_model_path())
     return model.to(dtype).eval()
 
 

@@ -104,3 +104,29 @@ def test_shared_prefill_quick_on_cuda(tmp_path):
     data = json.loads((tmp_path / "shared_prefill" / "quick" / "shared_prefill.json").read_text())
     assert data["device"].startswith("cuda") and data["speedup"] > 0
     assert data["all_identical"]  # one-at-a-time decoding of the shared prefill is the pipeline's
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices: the layers are split between them")
+def test_runner_over_two_gpus_matches_one_gpu(tmp_path, tokenizer):
+    """``load_model(device_map=...)`` with the layers split over cuda:0 and cuda:1: every tensor stays
+    on its layer's device and the runner answers as on one GPU."""
+    from evaluation.runner import configurations, run
+    from evaluation.store import ResultStore
+    from kvpress_prob.models import load_model
+
+    tiny_model("llama").save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    layout = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.layers.0": 0, "model.layers.1": 1,
+              "model.layers.2": 1, "model.norm": 1, "lm_head": 1}
+    split, tok = load_model(str(tmp_path / "tiny"), dtype=torch.float32, device_map=layout)
+    single, _ = load_model(str(tmp_path / "tiny"), device="cuda:0", dtype=torch.float32)
+    assert split.model.layers[2].self_attn.q_proj.weight.device == torch.device("cuda:1")
+    configs = configurations(["snapkv", "prob_min_h", "adakv_snapkv"], [0.5], [0])
+    stores = [ResultStore(tmp_path / f"{i}.jsonl") for i in range(2)]
+    for model, store in zip([split, single], stores):
+        model.generation_config.eos_token_id = 2
+        run(model, tok, examples(1), configs, store, model_name="tiny", dataset="ruler", data_dir="x",
+            progress=False, decode_batch=3)
+    key = ["press", "seed"]
+    a, b = (s.load().set_index(key).prediction.sort_index() for s in stores)
+    assert a.equals(b)

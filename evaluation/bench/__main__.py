@@ -1,10 +1,11 @@
-"""CLI: ``python -m evaluation.bench {speed,budget,oracle,fidelity,shared-prefill,decompose,bf16,sampled-rows} [--quick] ...``.
+"""CLI: ``python -m evaluation.bench {speed,memory,budget,oracle,fidelity,shared-prefill,decompose,bf16,sampled-rows} [--quick] ...``.
 
 Every bench package takes ``--quick``, ``--out`` (the output root; a bench writes into its own
 folder below it) and ``--model``, and its own options (``python -m evaluation.bench <name> --help``).
 ``decompose`` (``evaluation/bench/decompose.py`` and ``decompose_report.py``), ``bf16``
-(``evaluation/bench/bf16.py``) and ``sampled-rows`` (``evaluation/bench/sampled_rows.py``) parse their own
-options.
+(``evaluation/bench/bf16.py``), ``sampled-rows`` (``evaluation/bench/sampled_rows.py``) and ``attention``
+(``evaluation/bench/attention.py`` and ``attention_report.py``: which attention-level measure predicts KL
+and score) parse their own options.
 """
 
 from __future__ import annotations
@@ -21,13 +22,15 @@ COMMANDS = {
                                        "ratio, padding, scopes"),
     "oracle": ("oracle", "oracle", "exact (brute-force) eviction on small synthetic instances vs top-k and sampling +- SNIS"),
     "fidelity": ("fidelity", "fidelity", "KL to the full cache (teacher-forced) and layer-wise attention error"),
+    "memory": ("memory", "memory", "peak memory, each case in a fresh process: prefill under a press, the runner's "
+                                   "path, kvpress's pipeline, batched decoding, against the K+V size"),
     "shared-prefill": ("shared_prefill", "shared_prefill", "the runner's shared prefill and batched decoding vs the "
                                                            "naive kvpress pipeline loop"),
 }
 QUICK_INTO_SUBFOLDER = {"fidelity", "shared-prefill"}  # their --quick output goes to <out>/<folder>/quick
 # CLI name -> module with its own ``main(argv)`` and parser (``python -m evaluation.bench <name> --help``)
 OWN_PARSERS = {"decompose": "evaluation.bench.decompose", "bf16": "evaluation.bench.bf16",
-               "sampled-rows": "evaluation.bench.sampled_rows"}
+               "sampled-rows": "evaluation.bench.sampled_rows", "attention": "evaluation.bench.attention"}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -90,7 +90,7 @@ def run(args) -> dict:
     for _, example in frame.iterrows():
         context_ids, continuation = inputs(pipe, example)
         n = context_ids.shape[1]
-        prefill = Prefill(model, context_ids)
+        prefill = Prefill(model, context_ids, [get_press(name, ratio) for name, ratio in itertools.product(args.presses, args.ratios)])
         full, _ = teacher_forced(model, prefill.compress(None), continuation, n)
         for name, ratio in itertools.product(args.presses, args.ratios):
             logits = {}

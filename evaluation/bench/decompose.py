@@ -114,7 +114,7 @@ def measure_survival(model, tokenizer, frame, configs, out: Path, shard_spec: st
         inputs = pipe.preprocess(row["context"], [row["question"]], row["answer_prefix"], max_context_length=10**9)
         context_ids = inputs["context_ids"].to(model.device)
         needles = needle_positions(tokenizer, context_ids, list(row["answer"]))
-        prefill = Prefill(model, context_ids)
+        prefill = Prefill(model, context_ids, [cfg.build() for _, _, cfg in todo])
         start = time.perf_counter()
         with path.open("a") as f:
             for family, step, cfg in todo:

@@ -20,7 +20,7 @@ def capture_prefill(model, ids: torch.Tensor, name: str, ratio: float, seed: int
     from kvpress_prob import get_press
 
     press = get_press(name, ratio, seed=seed)
-    prefill = Prefill(model, ids)
+    prefill = Prefill(model, ids, [press])
     proposals = prefill.proposals_of(press)
     prefill.compress(press)
     pi = torch.stack([proposals[module] for module in sorted(proposals, key=lambda m: m.layer_idx)]).double()

@@ -26,11 +26,11 @@ def measure(model, tokenizer, rows, presses, ratio) -> list[dict]:
             context_ids = inputs["context_ids"].to(model.device)
             question_ids = inputs["questions_ids"][0].to(model.device)
             n = context_ids.shape[1]
-            shared = Prefill(model, context_ids)
+            shared = Prefill(model, context_ids, [cfg.build() for cfg in configs])
             ours = [pipe.generate_answer(question_ids, shared.compress(cfg.build()), n, max_new) for cfg in configs]
         del shared
         with Stopwatch(model.device) as batched_watch:
-            shared = Prefill(model, context_ids)
+            shared = Prefill(model, context_ids, [cfg.build() for cfg in configs])
             items = [Compressed.take(shared.compress(cfg.build()), shared.layers) for cfg in configs]
             batched = generate_batch(model, tokenizer, question_ids, items, n, max_new)
         del shared, items

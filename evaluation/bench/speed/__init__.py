@@ -18,7 +18,9 @@ load on the machine hits every press alike), and the median over rounds is repor
 - peak memory of the prefill (``common.PeakMemory``: the process's resident set on a CPU,
   ``torch.cuda.max_memory_allocated`` on CUDA), above what the process held before, for the full
   cache, snapkv, prob_snapkv and prob_min_h, both under the press (``press_prefill``) and on the
-  runner's path (``engine.Prefill``, which keeps every layer's hook inputs, then ``compress``).
+  runner's path (``engine.Prefill`` told the press, computing its proposal or scores inside the
+  prefill's hooks, then ``compress``). ``python -m evaluation.bench memory`` measures the same in a
+  fresh process per case, with kvpress's pipeline and the runner beside.
 
 On CUDA every timing synchronises the device and records ``torch.cuda.max_memory_allocated``.
 The SamplingPress seed is the round index, so the realised ratios average over draws.

@@ -88,10 +88,10 @@ def prefill(model, ids: torch.Tensor, name: str, ratio: float, seed: int = 0) ->
 
 @torch.no_grad()
 def engine_peak(model, ids: torch.Tensor, name: str, ratio: float) -> common.PeakMemory:
-    """Peak memory of the runner's path for one press: ``engine.Prefill`` (the full prefill with
-    every layer's hook inputs kept) then ``compress``."""
+    """Peak memory of the runner's path for one press: ``engine.Prefill`` (the full prefill, the
+    press's proposal or scores computed in its hooks) then ``compress``."""
     with common.PeakMemory(model.device) as memory:
-        shared = Prefill(model, ids)
+        shared = Prefill(model, ids, [Config(name, ratio, 0).build()])
         cache = shared.compress(Config(name, ratio, 0).build())
     del shared, cache
     clear_biases(model)

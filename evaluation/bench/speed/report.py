@@ -157,8 +157,8 @@ def peak_markdown(peak: pd.DataFrame) -> list[str]:
         f"Peak above the memory held before the prefill ({peak.method.iloc[0]}), in MiB and as a multiple of the "
         "full cache's K+V bytes. `press`: the kvpress pipeline's prefill under the press (kvpress presses compress "
         "each layer after its attention; a SamplingPress defers eviction to the last layer, so the whole full cache "
-        "is held until then); `engine`: the runner's path, `engine.Prefill` (the full prefill keeping every layer's "
-        "hook inputs, hidden states included) then `compress`.\n",
+        "is held until then); `engine`: the runner's path, `engine.Prefill` (the full prefill, the press's proposal "
+        "or scores computed in its hooks) then `compress`.\n",
         common.markdown_table(table, float_format="{:.2f}"),
     ]
 

@@ -1,0 +1,271 @@
+"""Span-aware units: blocks whose boundaries follow the tokenizer's words, kept spans widened.
+
+Fixed blocks (``samplers.block.BlockSampler``) cut the prefix every ``size`` positions, so a number
+the tokenizer splits digit by digit can straddle two blocks and lose half of its digits. Here a
+unit is a run of whole words (a word starts at a token that begins with whitespace, or at a
+special token; digits, punctuation and word pieces stay with the word they follow), packed
+greedily up to ``size`` tokens (a longer word is cut every ``size`` tokens). A kept unit is widened
+by ``widen`` tokens on each side, so the token before it (the space before a number, the end of
+the previous word) survives too. The widened tokens count against the budget: every head keeps at
+most int((1 - r) n) tokens in all, units included in order until the next one would not fit
+(docs/method.md, "Span-aware units").
+
+The press learns the token ids of its prefill without leaving state behind: ``SpanPress`` hooks
+the model's input embedding inside its own ``with press(model):`` block only (the hook and the ids
+are gone on exit), and an engine that replays a recorded prefill binds them with
+``with press.tokens(context_ids):`` around ``evict``. The word boundaries come from the tokenizer
+given to the press, or the model's own (``model.config._name_or_path``), loaded once.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from kvpress_prob.press import SamplingPress
+from kvpress_prob.samplers.base import Draw, Sampler, check_ratio
+
+#: the first characters of a token that starts a new word (byte-level BPE and SentencePiece markers)
+WORD_STARTS = ("Ġ", "Ċ", "ĉ", "▁", " ", "\n", "\t")
+INNERS = ("topk", "priority")
+
+
+def word_starts(tokenizer, ids: list[int]) -> list[bool]:
+    """Whether each token starts a word: it begins with whitespace, or it or its predecessor is a
+    special token. The first token always starts one."""
+    tokens = tokenizer.convert_ids_to_tokens(ids)
+    special = set(tokenizer.all_special_ids)
+    starts = []
+    for i, (token, token_id) in enumerate(zip(tokens, ids)):
+        starts.append(i == 0 or token_id in special or ids[i - 1] in special or str(token).startswith(WORD_STARTS))
+    return starts
+
+
+def pack_units(starts: list[bool], size: int) -> torch.Tensor:
+    """Unit index of each position (n,) long: whole words packed greedily up to ``size`` tokens,
+    a word longer than ``size`` cut every ``size`` tokens (its last piece shares a unit with what
+    follows when it fits). Units are contiguous and numbered 0, 1, ..."""
+    if size < 1:
+        raise ValueError(f"size must be >= 1, got {size}")
+    words, current = [], 0  # lengths of the words
+    for i, start in enumerate(starts):
+        if start and i > 0:
+            words.append(current)
+            current = 0
+        current += 1
+    if starts:
+        words.append(current)
+    unit_of, unit, filled = [], -1, size
+    for length in words:
+        if filled + length > size:  # open a new unit
+            unit, filled = unit + 1, 0
+        for _ in range(length):
+            if filled == size:  # a word longer than size: cut it
+                unit, filled = unit + 1, 0
+            unit_of.append(unit)
+            filled += 1
+    return torch.tensor(unit_of, dtype=torch.long)
+
+
+def fixed_units(n: int, size: int) -> torch.Tensor:
+    """Unit index of each position for fixed blocks of ``size`` (the last one may be shorter)."""
+    return torch.arange(n) // size
+
+
+def greedy_fill(order: list[int], starts: list[int], ends: list[int], budget: int, widen: int) -> tuple[list[int], int]:
+    """Units taken in ``order`` while the union of their widened spans fits in ``budget`` tokens.
+
+    Unit u covers [starts[u], ends[u]) and, widened, ``widen`` more tokens each side. Returns (the
+    units taken, the index in ``order`` of the first unit that did not fit, len(order) if none)."""
+    n = ends[-1]
+    covered = bytearray(n)
+    used, taken = 0, []
+    for position, u in enumerate(order):
+        lo, hi = max(0, starts[u] - widen), min(n, ends[u] + widen)
+        new = hi - lo - sum(covered[lo:hi])
+        if used + new > budget:
+            return taken, position
+        covered[lo:hi] = b"\x01" * (hi - lo)
+        used += new
+        taken.append(u)
+    return taken, len(order)
+
+
+@dataclass(kw_only=True)
+class SpanSampler(Sampler):
+    """Top-k or priority sampling over span-aware units (beyond the paper; module docstring).
+
+    A unit's proposal is the sum of its positions' pi. ``inner="topk"`` takes units by that sum,
+    ``inner="priority"`` by the priority pi_u / u_u with u_u ~ U(0, 1] (Duffield, Lund and Thorup
+    2007), both until the head's budget of int((1 - r) n) tokens, widening included, is full. With
+    t the priority of the first unit that did not fit, unit u is kept with probability
+    p_u = min(1, pi_u / t) given t, and a token is kept if its own unit or a neighbour whose
+    widening reaches it is: its weight is 1 / (1 - prod_u (1 - p_u)) over those units, the
+    Horvitz-Thompson weight of priority sampling given t. Top-k keeps weight 1.
+
+    The units are bound by ``SpanPress`` for the duration of its ``evict`` (``units``); the budget
+    scope must be "head".
+
+    Parameters
+    ----------
+    inner : {"topk", "priority"}, default "priority"
+        How units are chosen.
+    widen : int, default 1
+        Tokens kept on each side of a kept unit, >= 0.
+    """
+
+    inner: str = "priority"
+    widen: int = 1
+    units: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.inner not in INNERS:
+            raise ValueError(f"inner must be one of {INNERS}, got {self.inner!r}")
+        if self.widen < 0:
+            raise ValueError(f"widen must be >= 0, got {self.widen}")
+        self.random = self.inner == "priority"
+
+    def __call__(self, pi, compression_ratio, scope, generator) -> Draw:
+        check_ratio(compression_ratio)
+        if scope != "head":
+            raise ValueError(f"SpanSampler keeps a fixed count per head: the press's budget must be 'head', got {scope!r}")
+        if self.units is None:
+            raise RuntimeError("SpanSampler has no units: it runs inside a SpanPress, which binds them at eviction")
+        L, b, H, n = pi.shape
+        units = self.units.to(pi.device)
+        if units.shape != (n,):
+            raise ValueError(f"units must have one entry per prefix position ({n}), got shape {tuple(units.shape)}")
+        count = int(units[-1]) + 1
+        bounds = torch.searchsorted(units, torch.arange(count + 1, device=units.device)).tolist()
+        starts, ends = bounds[:-1], bounds[1:]
+        unit_pi = torch.zeros(L, b, H, count, dtype=torch.float64, device=pi.device).index_add_(
+            -1, units, pi.double())  # (L, b, H, U)
+        budget = int((1.0 - compression_ratio) * n)
+        if self.inner == "priority":
+            u = 1.0 - torch.rand(unit_pi.shape, generator=generator, device=pi.device, dtype=torch.float64)
+            key = unit_pi / u
+        else:
+            key = unit_pi
+        order = key.argsort(dim=-1, descending=True, stable=True).cpu()
+        key_cpu = key.cpu()
+        unit_keep = torch.zeros(L, b, H, count, dtype=torch.bool)
+        threshold = torch.zeros(L, b, H, 1, dtype=torch.float64)
+        for index in torch.cartesian_prod(torch.arange(L), torch.arange(b), torch.arange(H)).tolist():
+            ranked = order[tuple(index)].tolist()
+            taken, stop = greedy_fill(ranked, starts, ends, budget, self.widen)
+            unit_keep[tuple(index)][taken] = True
+            if stop < count:
+                threshold[tuple(index)] = key_cpu[tuple(index)][ranked[stop]]
+        unit_keep, threshold = unit_keep.to(pi.device), threshold.to(pi.device)
+        keep_own = unit_keep[..., units]  # (L, b, H, n): the position's own unit is kept
+        keep = keep_own.clone()
+        position = torch.arange(n, device=pi.device)
+        first, last = position == torch.tensor(starts, device=pi.device)[units], position == (
+            torch.tensor(ends, device=pi.device)[units] - 1)
+        # neighbours whose widening reaches a position: the previous unit for a first token, the next for a last
+        prev_unit, next_unit = (units - 1).clamp_min(0), (units + 1).clamp_max(count - 1)
+        by_prev = first & (units > 0) & (self.widen > 0)
+        by_next = last & (units < count - 1) & (self.widen > 0)
+        keep |= by_prev & unit_keep[..., prev_unit]
+        keep |= by_next & unit_keep[..., next_unit]
+        if self.inner == "topk":
+            log_weight = torch.where(keep, 0.0, float("-inf"))
+        else:
+            p_unit = torch.where(threshold > 0, (unit_pi / threshold.clamp_min(1e-300)).clamp(max=1.0),
+                                 torch.ones_like(unit_pi))  # (L, b, H, U)
+            miss = 1.0 - p_unit[..., units]
+            miss = miss * torch.where(by_prev, 1.0 - p_unit[..., prev_unit], 1.0)
+            miss = miss * torch.where(by_next, 1.0 - p_unit[..., next_unit], 1.0)
+            log_weight = torch.where(keep, -torch.log1p(-miss.clamp(max=1.0 - 1e-12)), float("-inf"))
+        kept = keep.sum(-1)
+        return Draw(keep=keep, log_weight=log_weight.float(),
+                    stats={"units": count, "kept_per_head": kept[:, 0].tolist(), "budget_per_head": budget})
+
+
+@dataclass
+class SpanPress(SamplingPress):
+    """A ``SamplingPress`` whose sampler is a ``SpanSampler`` over word-aligned units (beyond the
+    paper; module docstring). The token ids of the prefill are read by a pre-hook on the input
+    embedding inside the press's own ``with`` block, or bound by ``tokens(context_ids)`` when an
+    engine replays a recorded prefill through ``evict``; nothing of them outlives either block.
+
+    Parameters
+    ----------
+    size : int, default 8
+        Maximum tokens per unit (whole words packed up to it), >= 1.
+    tokenizer : optional
+        A Hugging Face tokenizer for the word boundaries; None loads the model's own from
+        ``model.config._name_or_path`` (once, at ``post_init_from_model``).
+    (and every ``SamplingPress`` parameter; ``sampler`` must be a ``SpanSampler``, ``budget`` "head")
+    """
+
+    size: int = 8
+    tokenizer: object = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not isinstance(self.sampler, SpanSampler):
+            raise TypeError(f"SpanPress needs a SpanSampler, got {type(self.sampler).__name__}")
+        if self.size < 1:
+            raise ValueError(f"size must be >= 1, got {self.size}")
+        if self.budget != "head":
+            raise ValueError(f"SpanPress keeps a fixed count per head: budget must be 'head', got {self.budget!r}")
+        self._ids: torch.Tensor | None = None
+
+    def post_init_from_model(self, model):
+        super().post_init_from_model(model)
+        if self.tokenizer is None:
+            from transformers import AutoTokenizer
+
+            source = getattr(model.config, "_name_or_path", "")
+            try:
+                self.tokenizer = AutoTokenizer.from_pretrained(source)
+            except (OSError, ValueError) as error:
+                raise ValueError(
+                    f"SpanPress needs a tokenizer for its word boundaries: none could be loaded from the model's "
+                    f"name_or_path {source!r} ({type(error).__name__}); pass tokenizer=<the model's tokenizer>") from error
+
+    def units_of(self, ids: torch.Tensor) -> torch.Tensor:
+        """Unit index (n,) of each position of ``ids`` (1, n) or (n,)."""
+        flat = ids.reshape(-1).tolist()
+        return pack_units(word_starts(self.tokenizer, flat), self.size)
+
+    @contextmanager
+    def tokens(self, context_ids: torch.Tensor):
+        """Bind the prefill's token ids (1, n) for the ``evict`` calls inside the block."""
+        self._ids = context_ids
+        try:
+            yield
+        finally:
+            self._ids = None
+
+    @torch.no_grad()
+    def evict(self, cache, proposals):
+        n = next(iter(proposals.values())).shape[-1]
+        if self._ids is None or self._ids.shape[-1] != n:
+            got = None if self._ids is None else self._ids.shape[-1]
+            raise RuntimeError(
+                f"SpanPress needs the token ids of the {n}-token prefill (got {got}): run the prefill inside "
+                f"`with press(model):` with input_ids, or bind them with `with press.tokens(context_ids):`")
+        self.sampler.units = self.units_of(self._ids)
+        try:
+            return super().evict(cache, proposals)
+        finally:
+            self.sampler.units = None
+
+    @contextmanager
+    def __call__(self, model):
+        def record(module, args, kwargs):
+            ids = args[0] if args else kwargs.get("input")
+            if ids is not None and ids.shape[-1] > 1:  # a prefill (decoding feeds one token at a time)
+                self._ids = ids
+
+        handle = model.get_input_embeddings().register_forward_pre_hook(record, with_kwargs=True)
+        try:
+            with super().__call__(model):
+                yield
+        finally:
+            handle.remove()
+            self._ids = None
