@@ -12,8 +12,8 @@ PAPER_RATIOS = [0.1, 0.25, 0.5, 0.75, 0.9]
 
 # make demo = the cpu-quick preset: these presses at these ratios, one example per offline RULER task:
 # the recommended probabilistic press next to the best top-k presses of the development split
-# (kvpress's KeyDiff, and top-k over blocks of TOVA's scores, the recommended press's deterministic twin).
-DEMO_PRESSES = ["keydiff", "topk_tova_block8", RECOMMENDED]
+# (kvpress's KeyDiff, and top-k over blocks of KeyDiff's scores, the recommended press's deterministic twin).
+DEMO_PRESSES = ["keydiff", "topk_keydiff_block8", RECOMMENDED]
 DEMO_RATIOS = [0.5, 0.75]
 
 PRESETS = {
