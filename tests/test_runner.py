@@ -22,6 +22,17 @@ def examples(n=3):
     return pd.DataFrame(rows)
 
 
+def one_and_batched(model, tokenizer, configs, tmp_path, decode_batch: int):
+    """Records of 2 examples run one at a time and batched (indexed by example, press, ratio, seed), the
+    batched store and the run's keyword arguments."""
+    kwargs = dict(model_name="tiny", dataset="ruler", data_dir="64", progress=False)
+    one, many = ResultStore(tmp_path / "one.jsonl"), ResultStore(tmp_path / "many.jsonl")
+    run(model, tokenizer, examples(2), configs, one, **kwargs)
+    run(model, tokenizer, examples(2), configs, many, decode_batch=decode_batch, **kwargs)
+    key = ["example_id", "press", "compression_ratio", "seed"]
+    return one.load().set_index(key).sort_index(), many.load().set_index(key).sort_index(), many, kwargs
+
+
 def shared_setup(arch, tokenizer):
     """A tiny model's pipeline, one example, its inputs, its shared prefill and context length."""
     model = tiny_model(arch)
@@ -62,12 +73,7 @@ def test_batched_decoding_matches_one_at_a_time(arch, tmp_path, tokenizer):
     model = tiny_model(arch)
     model.generation_config.eos_token_id = 2
     configs = configurations(["snapkv", "prob_min_h", "prob_snapkv_nocorr", "h2o"], [0.25, 0.75], [0, 1])
-    kwargs = dict(model_name="tiny", dataset="ruler", data_dir="64", progress=False)
-    one, many = ResultStore(tmp_path / "one.jsonl"), ResultStore(tmp_path / "many.jsonl")
-    run(model, tokenizer, examples(2), configs, one, **kwargs)
-    run(model, tokenizer, examples(2), configs, many, decode_batch=5, **kwargs)
-    key = ["example_id", "press", "compression_ratio", "seed"]
-    a, b = one.load().set_index(key).sort_index(), many.load().set_index(key).sort_index()
+    a, b, many, kwargs = one_and_batched(model, tokenizer, configs, tmp_path, decode_batch=5)
     assert len(a) == 2 * len(configs)
     assert a.prediction.equals(b.prediction)
     assert a.kv_bytes.equals(b.kv_bytes)

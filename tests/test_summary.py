@@ -7,11 +7,10 @@ import pytest
 import torch
 from conftest import tiny_model
 from kvpress import KeyDiffPress, KVPressTextGenerationPipeline
-from test_runner import examples
+from test_runner import examples, one_and_batched
 
 from evaluation.engine import Prefill
-from evaluation.runner import configurations, run
-from evaluation.store import ResultStore
+from evaluation.runner import configurations
 from kvpress_prob import correction, get_press
 from kvpress_prob.attention import corrected_sdpa
 from kvpress_prob.summary import Summary, SummaryPress, SummarySamplingPress
@@ -146,12 +145,7 @@ def test_summary_presses_in_pipeline_runner_and_batch(arch, tmp_path, tokenizer)
     # the ExpectedAttention proposal first: no top-k replay has set the modules' rotary_emb before it
     names = ["hybrid_expected_attention_block8_a75", "keydiff_sum4", "topk_keydiff_block8_sum4", "hybrid_keydiff_block8_a75_sum4"]
     configs = configurations(names + ["keydiff"], [0.5], [0])
-    kwargs = dict(model_name="tiny", dataset="ruler", data_dir="64", progress=False)
-    one, many = ResultStore(tmp_path / "one.jsonl"), ResultStore(tmp_path / "many.jsonl")
-    run(model, tokenizer, examples(2), configs, one, **kwargs)
-    run(model, tokenizer, examples(2), configs, many, decode_batch=4, **kwargs)
-    key = ["example_id", "press", "compression_ratio", "seed"]
-    a, b = one.load().set_index(key).sort_index(), many.load().set_index(key).sort_index()
+    a, b, _, _ = one_and_batched(model, tokenizer, configs, tmp_path, decode_batch=4)
     assert a.prediction.equals(b.prediction)
     pipe = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer)
     row = examples(1).iloc[0]
