@@ -18,9 +18,8 @@ from pathlib import Path
 import pandas as pd
 
 from evaluation.runner import REFERENCE
-from evaluation.side_by_side import results_files
 from evaluation.stats import paired_table
-from evaluation.store import load_results
+from evaluation.store import load_results, results_files, write_atomic
 from kvpress_prob import SamplingPress, get_press
 
 
@@ -60,7 +59,7 @@ def markdown(table: pd.DataFrame, split: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _pair(text: str) -> tuple[str, str]:
+def parse_pair(text: str) -> tuple[str, str]:
     a, sep, b = text.partition(":")
     if not sep or not a or not b:
         raise argparse.ArgumentTypeError(f"a pair is A:B (two press names), got {text!r}")
@@ -70,16 +69,16 @@ def _pair(text: str) -> tuple[str, str]:
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(prog="python -m evaluation.pairs", description=__doc__.split("\n")[0])
     parser.add_argument("--results", nargs="+", required=True, help="results folders or .jsonl files (one split)")
-    parser.add_argument("--pairs", nargs="+", type=_pair, required=True, metavar="A:B", help="press pairs, A minus B")
+    parser.add_argument("--pairs", nargs="+", type=parse_pair, required=True, metavar="A:B", help="press pairs, A minus B")
     parser.add_argument("--split", required=True, choices=["development", "test"], help="which split the results are")
     parser.add_argument("--head-dim", type=int, default=64, help="head dimension of the model (SmolLM2-135M: 64)")
     parser.add_argument("--out", default=None, help="markdown file to write (unset: print only)")
     args = parser.parse_args(argv)
-    df = pd.concat([load_results(f) for path in args.results for f in results_files(path)], ignore_index=True)
+    df = load_results(*[f for path in args.results for f in results_files(path)])
     df = df.drop_duplicates(["model", "dataset", "data_dir", "example_id", "press", "compression_ratio", "seed"])
     text = markdown(pair_table(df, args.pairs, args.head_dim), args.split)
     if args.out:
-        Path(args.out).write_text(text)
+        write_atomic(Path(args.out), text)
     print(text)
     return text
 

@@ -16,8 +16,9 @@ import pandas as pd
 
 from evaluation.aggregate import prepare
 from evaluation.report import markdown_table
+from evaluation.pairs import parse_pair
 from evaluation.stats import paired_table
-from evaluation.store import load_results, write_atomic
+from evaluation.store import load_results, results_files, write_atomic
 
 
 def _cell(row) -> str:
@@ -56,7 +57,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m evaluation.twins", description=__doc__.split("\n\n")[0])
     p.add_argument("--results", nargs="+", required=True, help="results folders or .jsonl files (one split)")
     p.add_argument("--split", required=True, choices=["development", "test"], help="which split the results are")
-    p.add_argument("--pairs", nargs="+", required=True, help="a:b registry names, a minus b")
+    p.add_argument("--pairs", nargs="+", type=parse_pair, required=True, metavar="A:B",
+                   help="a:b registry names, a minus b")
     p.add_argument("--task", default="fwe", help="also report this task alone (default: fwe)")
     p.add_argument("--out", default=None, help="markdown file to write (default: print only)")
     return p
@@ -64,13 +66,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> str:
     args = parser().parse_args(argv)
-    pairs = []
-    for pair in args.pairs:
-        if pair.count(":") != 1:
-            raise SystemExit(f"--pairs takes a:b (two registry names), got {pair!r}")
-        pairs.append(tuple(pair.split(":")))
-    files = [f for root in map(Path, args.results) for f in (sorted(root.glob("*.jsonl")) if root.is_dir() else [root])]
-    text = markdown(load_results(*files), pairs, args.split, args.task)
+    files = [f for path in args.results for f in results_files(path)]
+    text = markdown(load_results(*files), args.pairs, args.split, args.task)
     if args.out:
         write_atomic(Path(args.out), text)
     print(text)
