@@ -146,10 +146,9 @@ def cmd_report(args) -> dict:
 
 def cmd_compare(args) -> str:
     from evaluation.compare import markdown
-    from evaluation.store import load_results, results_files, write_atomic
+    from evaluation.store import load_folders, write_atomic
 
-    files = [f for root in args.results for f in results_files(root)]
-    text = markdown(load_results(*files), args.split, presses=args.presses)
+    text = markdown(load_folders(args.results), args.split, presses=args.presses)
     if args.out:
         write_atomic(Path(args.out), text)
     print(text)

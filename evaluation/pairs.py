@@ -19,7 +19,7 @@ import pandas as pd
 
 from evaluation.runner import REFERENCE
 from evaluation.stats import paired_table
-from evaluation.store import load_results, results_files, write_atomic
+from evaluation.store import load_folders, write_atomic
 from kvpress_prob import SamplingPress, get_press
 
 
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--head-dim", type=int, default=64, help="head dimension of the model (SmolLM2-135M: 64)")
     parser.add_argument("--out", default=None, help="markdown file to write (unset: print only)")
     args = parser.parse_args(argv)
-    df = load_results(*[f for path in args.results for f in results_files(path)])
+    df = load_folders(args.results)
     df = df.drop_duplicates(["model", "dataset", "data_dir", "example_id", "press", "compression_ratio", "seed"])
     text = markdown(pair_table(df, args.pairs, args.head_dim), args.split)
     if args.out:

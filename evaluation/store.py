@@ -318,6 +318,12 @@ def results_files(path: Path | str) -> list[Path]:
     return files
 
 
+def load_folders(paths) -> pd.DataFrame:
+    """``load_results`` over every results file of each folder or file in ``paths`` (``results_files``:
+    a missing path is refused by name)."""
+    return load_results(*[f for path in paths for f in results_files(path)])
+
+
 def load_results(*paths: Path | str) -> pd.DataFrame:
     """Read one or more results files (read-only) into one DataFrame, duplicates dropped; a missing file
     raises FileNotFoundError."""

@@ -18,7 +18,7 @@ from evaluation.aggregate import prepare
 from evaluation.report import markdown_table
 from evaluation.pairs import parse_pair
 from evaluation.stats import paired_table
-from evaluation.store import load_results, results_files, write_atomic
+from evaluation.store import load_folders, write_atomic
 
 
 def _cell(row) -> str:
@@ -66,8 +66,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> str:
     args = parser().parse_args(argv)
-    files = [f for path in args.results for f in results_files(path)]
-    text = markdown(load_results(*files), args.pairs, args.split, args.task)
+    text = markdown(load_folders(args.results), args.pairs, args.split, args.task)
     if args.out:
         write_atomic(Path(args.out), text)
     print(text)
