@@ -144,7 +144,7 @@ def test_global_budget_spends_more_on_flat_heads():
     assert (head - n / 2).abs().max() < 4 * math.sqrt(n / 4)  # each head near its own budget
 
 
-def test_strata_are_kept_exactly_with_weight_one():
+def test_sinks_and_window_are_kept_exactly_with_weight_one():
     pi = heads(L=2, H=2, n=128)
     result = draw(pi, 0.5, "global", torch.Generator().manual_seed(0), n_sink=4, window=8)
     exact = torch.zeros(128, dtype=torch.bool)

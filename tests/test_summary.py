@@ -146,12 +146,12 @@ def test_equal_memory_and_tempered_weights():
         cache = shared.compress(get_press(name, 0.75))
         assert [lay.keys.shape for lay in cache.layers] == [lay.keys.shape for lay in plain.layers], name
         bias = correction.bias_of(shared.layers[0].self_attn, cache)
-        c = int(name.split("_sum")[1].split("_")[0])
+        V = int(name.split("_sum")[1].split("_")[0])
         tau = float(name.split("_tau")[1]) if "_tau" in name else 1.0
-        assert (bias[..., :-c] == 0).all()
-        counts = bias[..., -c:].float().exp() / tau  # tau * count
-        assert torch.allclose(counts.sum(-1), torch.full_like(counts.sum(-1), 64 - (16 - c)), rtol=1e-2)  # all evicted
-    # a prompt too short for c = 64: c is capped at the budget minus one (16 - 1), one real entry kept
+        assert (bias[..., :-V] == 0).all()
+        counts = bias[..., -V:].float().exp() / tau  # tau * count
+        assert torch.allclose(counts.sum(-1), torch.full_like(counts.sum(-1), 64 - (16 - V)), rtol=1e-2)  # all evicted
+    # a prompt too short for V = 64: V is capped at the budget minus one (16 - 1), one real entry kept
     capped = shared.compress(get_press("keydiff_sum64", 0.75))
     assert capped.layers[0].keys.shape == plain.layers[0].keys.shape
     counts = correction.bias_of(shared.layers[0].self_attn, capped)[..., 1:].float().exp().sum(-1)  # 15 virtual
