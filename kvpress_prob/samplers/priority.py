@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvpress_prob.samplers.base import Draw, top_by_rank, whole_counts
+from kvpress_prob.samplers.base import Draw, top_by_rank
 from kvpress_prob.samplers.threshold import ThresholdSampler
 
 
@@ -33,11 +33,8 @@ class PrioritySampler(ThresholdSampler):
         self.whole_count = True
 
     def __call__(self, pi, compression_ratio, scope, generator) -> Draw:
-        n = pi.shape[-1]
-        pi = pi.double()
-        q, _ = self.inclusion(pi, compression_ratio, scope)
-        k = whole_counts(q.sum(-1), scope).clamp(max=n)  # (L, b, H)
-        keep, log_weight = priority_draw(pi, k, generator)
+        k = self.allocation(pi, compression_ratio, scope).long().clamp(max=pi.shape[-1])  # (L, b, H)
+        keep, log_weight = priority_draw(pi.double(), k, generator)
         return Draw(keep=keep, log_weight=log_weight.float(), stats={"kept_per_head": k[:, 0].tolist()})
 
 

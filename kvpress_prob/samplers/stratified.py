@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from kvpress_prob.budget import solve_threshold, threshold_inclusion
-from kvpress_prob.samplers.base import Draw, exact_top, whole_counts
+from kvpress_prob.samplers.base import Draw, exact_top
 from kvpress_prob.samplers.priority import priority_draw
 from kvpress_prob.samplers.threshold import ThresholdSampler, threshold_draw
 
@@ -51,10 +51,7 @@ class StratifiedSampler(ThresholdSampler):
     def __call__(self, pi, compression_ratio, scope, generator) -> Draw:
         n = pi.shape[-1]
         pi = pi.double()
-        q, _ = self.inclusion(pi, compression_ratio, scope)
-        allocation = q.sum(-1)  # (L, b, H): expected kept units per head
-        if self.design == "priority":
-            allocation = whole_counts(allocation, scope).double()
+        allocation = self.allocation(pi, compression_ratio, scope)  # (L, b, H): kept units per head
         exact = torch.round(self.alpha * allocation).long()  # (L, b, H)
         top, rest = exact_top(pi, exact)  # rest (L, b, H, n): 0 on the exact stratum
         target = (allocation - exact).clamp_min(0)  # (L, b, H)

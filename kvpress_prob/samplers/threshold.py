@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from kvpress_prob.budget import scope_target, solve_threshold, threshold_inclusion
-from kvpress_prob.samplers.base import Draw, Sampler, head_target
+from kvpress_prob.samplers.base import Draw, Sampler, head_target, whole_counts
 
 
 @dataclass(kw_only=True)
@@ -42,6 +42,13 @@ class ThresholdSampler(Sampler):
         c = solve_threshold(pi, scope_target(per_head, scope), scope, floor).expand_as(per_head)
         c = c if floor is None else torch.maximum(c, floor)
         return threshold_inclusion(pi, c).nan_to_num(1.0), c  # inf * pi: keep everything
+
+    def allocation(self, pi: torch.Tensor, compression_ratio: float, scope: str) -> torch.Tensor:
+        """Each head's expected kept count (L, b, H) float64 under ``inclusion``; whole counts of it
+        (``whole_counts``) for the designs that keep a whole count."""
+        q, _ = self.inclusion(pi.double(), compression_ratio, scope)
+        a = q.sum(-1)
+        return whole_counts(a, scope).double() if self.whole_count else a
 
     def __call__(self, pi, compression_ratio, scope, generator) -> Draw:
         pi = pi.double()
