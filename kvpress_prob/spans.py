@@ -100,7 +100,8 @@ class SpanSampler(Sampler):
     kept tokens are exactly the tokens charged. Top-k keeps weight 1. Priority keeps unit u with
     weight max(pi_u, t) / pi_u, t the priority of the first unit that did not fit (0 if all fit):
     given the other units' priorities, u is kept exactly when its priority exceeds a threshold that
-    is then t, so E[w_u 1{u kept}] = 1 for units of any sizes.
+    is then t, so E[w_u 1{u kept}] = 1 for units of any sizes that fit the budget (a longer unit is
+    refused at eviction: it could never be kept).
 
     Priority sampling refuses ``widen`` > 0: a widened token is kept when its own unit or a
     neighbour is, and the probability of that union under a token budget shared by neighbours has no
@@ -151,6 +152,12 @@ class SpanSampler(Sampler):
         unit_pi = torch.zeros(L, b, H, count, dtype=torch.float64, device=pi.device).index_add_(
             -1, units, pi.double())  # (L, b, H, U)
         budget = int((1.0 - compression_ratio) * n)
+        longest = max(e - s for s, e in zip(starts, ends))
+        if self.inner == "priority" and longest > budget:
+            raise ValueError(
+                f"SpanSampler(inner='priority'): a unit of {longest} tokens exceeds the head's budget of {budget} "
+                f"tokens (compression_ratio {compression_ratio}, n = {n}); it could never be kept, and no weight "
+                f"makes that unbiased: use a smaller unit size or a lower compression_ratio")
         if self.inner == "priority":
             u = 1.0 - torch.rand(unit_pi.shape, generator=generator, device=pi.device, dtype=torch.float64)
             key = unit_pi / u

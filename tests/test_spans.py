@@ -106,9 +106,13 @@ def test_priority_over_unequal_units_is_unbiased_without_widening():
     assert ((kept > 0.05) & (kept < 0.95)).sum() > 20  # most tokens are sampled, not kept surely
 
 
-def test_priority_with_widening_is_refused():
+def test_priority_with_widening_or_a_unit_beyond_the_budget_is_refused():
     with pytest.raises(ValueError, match="widen must be 0 with inner='priority'"):
         SpanSampler(inner="priority", widen=1)
+    units = torch.repeat_interleave(torch.arange(3), torch.tensor([2, 5, 3]))
+    pi = torch.full((1, 1, 1, 10), 0.1, dtype=torch.float64)
+    with pytest.raises(ValueError, match="a unit of 5 tokens exceeds the head's budget of 4"):
+        draw(pi, units, "priority", 0, 0.6, 0)
 
 
 def span_press(ratio=0.5, inner="topk", tokenizer=None, proposal=None, seed=0):
