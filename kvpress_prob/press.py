@@ -14,6 +14,7 @@ from kvpress_prob import attention, correction, wrappers
 from kvpress_prob.budget import SCOPES
 from kvpress_prob.proposals import AttentionProposal, MinVarianceProposal, Proposal, ScoreProposal
 from kvpress_prob.samplers import Draw, PoissonSampler, Sampler
+from kvpress_prob.samplers.base import check_ratio
 
 
 def language_model(model: PreTrainedModel) -> nn.Module:
@@ -84,8 +85,7 @@ class SamplingPress(BasePress):
     last_draw: Draw | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        if not 0.0 <= self.compression_ratio < 1.0:
-            raise ValueError(f"compression_ratio must be in [0, 1), got {self.compression_ratio}")
+        check_ratio(self.compression_ratio)  # at once; the sampler checks it again at each draw (a later edit)
         if not self.temperature > 0:  # also catches NaN
             raise ValueError(f"temperature must be > 0 (inf turns the correction off), got {self.temperature}")
         if self.bias_dtype not in ("keys", "float32"):
