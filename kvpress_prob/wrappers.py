@@ -181,10 +181,11 @@ def _owners(module: nn.Module) -> list[BasePress]:
 
 
 def _sampling_presses(container, depth: int = 0) -> list:
-    """The SamplingPresses ``container`` (a press, or a list / tuple / dict of them) is or holds."""
-    from kvpress_prob.press import SamplingPress  # press.py imports this module
-
-    if isinstance(container, SamplingPress):
+    """The SamplingPresses ``container`` (a press, or a list / tuple / dict of them) is or holds: the
+    presses with its public compression API, ``propose`` and ``evict`` (``kvpress_prob.press``
+    imports this module, so it is not imported here)."""
+    if isinstance(container, BasePress) and all(callable(getattr(type(container), name, None))
+                                                for name in ("propose", "evict")):
         return [container]
     if depth > MAX_DEPTH:
         return []

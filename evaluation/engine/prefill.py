@@ -2,8 +2,12 @@
 presses it will serve. Its attention hooks compute, layer by layer and from what each hook sees,
 what those presses need (``plan``): a ``SamplingPress``'s proposal through ``propose``, a kvpress
 scorer's scores through its ``score``, each computed once per example and distinct proposal or
-scorer, and shared by every ratio and seed. Only those (b, H_kv, n) tensors are kept, never the
-hook inputs (a layer's hidden states weigh more than its K+V). Compress many
+scorer, and shared by every ratio and seed (the stored tensors are keyed without the ratio; a
+scorer whose scores read it, StreamingLLM's, has one per ratio: ``scores_read_ratio``). Only
+those (b, H_kv, n) tensors are kept, never the hook inputs (a layer's hidden states weigh more
+than its K+V).
+
+Compress many
 (``Prefill.compress``): each press then compresses a cache that starts as the prefill's own tensors
 (nothing is copied: presses gather or mask), through the presses' public API only: a
 ``SamplingPress`` through ``evict``, a kvpress scorer through its ``forward_hook`` on the stored
@@ -153,7 +157,7 @@ class Prefill:
     ``presses``: the presses this example will be compressed with (any number, ratios and seeds
     included). What each needs is computed layer by layer inside this prefill's hooks and kept, not
     the hook inputs: each distinct proposal of a SamplingPress (b, H_kv, n) per layer, each distinct
-    kvpress scorer's scores (b, H_kv, n) per layer. A press not announced here costs one more
+    kvpress scorer's scores (b, H_kv, n) per layer, distinct up to the ratio (``plan``'s keys). A press not announced here costs one more
     prefill, computing only what it needs. H2O (eager attention) has an eager prefill of its own;
     any other press is compressed by a prefill under it (``press_prefill``).
     """
