@@ -48,7 +48,8 @@ class SamplingPress(BasePress):
 
     Public compression API (used by the evaluation engine to replay a recorded prefill):
     ``propose(module, kwargs)`` gives one layer's proposal from its hook arguments, and
-    ``evict(cache, proposals)`` draws, cuts the cache and installs the correction.
+    ``evict(cache, proposals)`` draws, cuts the cache and installs the correction;
+    ``proposal_at_ratio`` is the proposal ``propose`` computes (the engine's key for sharing it).
 
     Parameters
     ----------
@@ -222,11 +223,11 @@ class SamplingPress(BasePress):
             bytes_full += keys.numel() * keys.element_size() * 2
             layer.keys = keys.gather(2, index_kv).contiguous()
             layer.values = values.gather(2, index_kv).contiguous()
-            bias_dtype = keys.dtype if self.bias_dtype == "keys" else torch.float32
-            lowest = torch.full(order.shape, correction.padding(bias_dtype), dtype=torch.float32, device=keys.device)
+            dtype = keys.dtype if self.bias_dtype == "keys" else torch.float32  # the stored bias's
+            lowest = torch.full(order.shape, correction.padding(dtype), dtype=torch.float32, device=keys.device)
             is_kept = torch.arange(n_stored, device=keys.device) < counts[..., None]
             weight = log_weight.gather(-1, order) / tau if tau != float("inf") else torch.zeros_like(lowest)
-            bias = torch.where(is_kept, weight, lowest).to(bias_dtype)
+            bias = torch.where(is_kept, weight, lowest).to(dtype)
             correction.set_bias(module, bias, cache)
             kept.append(counts[0].tolist())
             stored.append(n_stored)

@@ -150,3 +150,25 @@ def test_the_engine_leaves_no_mask_or_hook_after_an_example(tokenizer):
     assert len(answers) == len(names)
     del items
     assert ours(model) == [] and not any(layer.self_attn in correction._STATES for layer in language_model(model).layers)
+
+
+def test_padding_is_one_value_per_dtype_wherever_it_is_stored():
+    """``correction.padding`` of the bias's own dtype marks exactly the padded slots of an evicted
+    cache (head h keeps counts[h] entries; bfloat16 keys, a float32 and a bfloat16 bias), and a cast
+    keeps it padding (a plain cast of float32's lowest to bfloat16 is -inf)."""
+    model, ids = tiny_model("llama", dtype=torch.bfloat16), random_ids(96, seed=1)
+    for bias_dtype, dtype in (("float32", torch.float32), ("keys", torch.bfloat16)):
+        press = get_press("prob_min_h", 0.5, bias_dtype=bias_dtype)
+        cache = DynamicCache()
+        with torch.no_grad(), press(model):
+            model.model(input_ids=ids, past_key_values=cache)
+        for module, counts in zip((layer.self_attn for layer in language_model(model).layers), press.stats["kept"]):
+            bias = correction.bias_of(module, cache)  # (1, H_kv, S)
+            assert bias.dtype == dtype
+            slots = torch.arange(bias.shape[-1])[None, :] >= torch.tensor(counts)[:, None]  # (H_kv, S)
+            assert torch.equal(correction.is_padding(bias)[0], slots)
+    lowest = torch.tensor([0.5, correction.padding(torch.float32)])
+    assert torch.isinf(lowest.to(torch.bfloat16)[1])
+    assert correction.is_padding(correction.cast(lowest, torch.bfloat16)).tolist() == [False, True]
+    bf16_lowest = torch.tensor([0.5, correction.padding(torch.bfloat16)], dtype=torch.bfloat16)
+    assert correction.is_padding(correction.cast(bf16_lowest, torch.float32)).tolist() == [False, True]
