@@ -112,9 +112,9 @@ class Summary:
 
         kept_log_weight (b, H, S): log w_i of the stored entries (0 for top-k); real (b, H, S) bool:
         which stored entries are kept ones, not padding. A kept entry's bias is
-        log(1 + (1 - tau)(w_i - 1)), padding's the lowest float32; a virtual entry's log(tau N_g),
-        the lowest float32 where its group is empty."""
-        lowest = torch.finfo(torch.float32).min
+        log(1 + (1 - tau)(w_i - 1)), padding's ``correction.padding``; a virtual entry's
+        log(tau N_g), padding where its group is empty."""
+        lowest = correction.padding(torch.float32)
         w = kept_log_weight.float().clamp(max=80.0).exp()
         kept_bias = torch.where(real, torch.log1p((1.0 - self.weight) * (w - 1.0)), lowest)
         virtual_bias = torch.where(count > 0, torch.log(self.weight * count.clamp_min(1.0)), lowest)
@@ -144,9 +144,7 @@ def attach(module: nn.Module, cache: Cache, summary: Summary, keys: torch.Tensor
     kept_bias, virtual_bias = summary.log_weights(count, kept_log_weight, real)
     layer.keys = torch.cat([layer.keys, key_mean.to(layer.keys.dtype)], dim=2).contiguous()
     layer.values = torch.cat([layer.values, value_mean.to(layer.values.dtype)], dim=2).contiguous()
-    bias = torch.cat([kept_bias, virtual_bias], dim=-1)
-    if bias_dtype != torch.float32:
-        bias = bias.clamp_min(torch.finfo(bias_dtype).min).to(bias_dtype)
+    bias = correction.cast(torch.cat([kept_bias, virtual_bias], dim=-1), bias_dtype)
     correction.set_bias(module, bias, cache)
     return summary.n_virtual
 
