@@ -208,7 +208,8 @@ from kvpress_prob.samplers.block import BlockSampler  # noqa: E402
 
 DESIGNS = [PoissonSampler(), PoissonSampler(inclusion_weights=True), ThresholdSampler(), PrioritySampler(),
            ThresholdSampler(min_keep=0.9), PrioritySampler(min_keep=0.9), BlockSampler(size=3),
-           BlockSampler(size=4, inner=PrioritySampler()), BlockSampler(size=5, inner=PoissonSampler())]
+           BlockSampler(size=4, inner=PrioritySampler()), BlockSampler(size=5, inner=PoissonSampler()),
+           BlockSampler(size=3, inner=PrioritySampler())]  # 14 blocks: a block budget of 5.6, rounded at random
 
 
 def weighted_totals(sampler, pi, y, reps, ratio=0.6, seed=0):
