@@ -318,8 +318,6 @@ _CALIBRATED: dict[str, Callable[[float], SamplingPress]] = {
     "prob_expected_attention_block8_priority": _sampling(_expected_attention, _block8_priority, budget="head"),
     "prob_expected_attention_block8_priority_ent": _sampling(
         _calibrated(lambda: ExpectedAttentionPress(epsilon=1e-2), "entropy"), _block8_priority, budget="head"),
-    "prob_tova_span8_priority": _span(_tova, "priority"),
-    "prob_keydiff_span8_priority_ent": _span(_calibrated(KeyDiffPress, "entropy"), "priority"),
 }
 
 PRESSES: dict[str, Callable[[float], BasePress]] = {
