@@ -185,6 +185,31 @@ def _twin_table(t: pd.DataFrame) -> pd.DataFrame:
     return wide[sorted(wide.columns, key=lambda c: (not c.startswith("KL"), c))]
 
 
+def leaders(s: pd.DataFrame) -> pd.DataFrame:
+    """Per ratio, the lowest mean KL among the top-k presses, the corrected sampling presses and the
+    uncorrected ones (``_nocorr``), each with its KL ratio and paired difference to the reference. A
+    maximum over noisy means: on a development split this is a choice, not a result."""
+    rows = []
+    for ratio, part in s.groupby("compression_ratio"):
+        sampled = part["press"].map(_sampling)
+        kinds = {"top-k": part[~sampled], "sampled, corrected": part[sampled & ~part["press"].str.endswith(NOCORR)],
+                 "sampled, uncorrected": part[sampled & part["press"].str.endswith(NOCORR)]}
+        for kind, group in kinds.items():
+            if not group.empty:
+                rows.append(group.sort_values(["kl", "press"]).iloc[0].to_dict() | {"kind": kind})
+    return pd.DataFrame(rows)
+
+
+def _leader_table(lead: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({
+        "r": [f"{r:g}" for r in lead["compression_ratio"]], "kind": lead["kind"], "press": lead["press"],
+        "KL": [_ci(r.kl, r.kl_lo, r.kl_hi) for r in lead.itertuples()],
+        "KL / reference": [f"{_ci(r.kl_ratio, r.kl_ratio_lo, r.kl_ratio_hi, '{:.2f}')} ({r.reference})"
+                           for r in lead.itertuples()],
+        "ΔNLL": [_ci(r.nll_delta, r.nll_delta_lo, r.nll_delta_hi, signed=True) for r in lead.itertuples()],
+    }).set_index("r")
+
+
 def markdown(df: pd.DataFrame, info: dict, reference: str | None = None) -> str:
     """The report: settings, per-ratio tables against the reference, twins, win scores."""
     df, dropped = complete_windows(prepare(df))
@@ -206,7 +231,8 @@ def markdown(df: pd.DataFrame, info: dict, reference: str | None = None) -> str:
              ""]
     for command in dict.fromkeys(info.get("commands") or []):
         lines.append(f"Command: `{command}`")
-    lines.append("")
+    lines += ["", "## Lowest KL of each kind (on this split: a choice, not a result)", "",
+              markdown_table(_leader_table(leaders(s))), ""]
     for ratio, part in s.groupby("compression_ratio"):
         ref = refs[ratio]
         how = "given" if reference else "the top-k press with the lowest mean KL here"
@@ -236,4 +262,4 @@ def write(paths, out: Path | None = None, reference: str | None = None) -> tuple
     return write_atomic(out / "report.md", text), text
 
 
-__all__ = ["load", "complete_windows", "prepare", "references", "summary", "twins", "wins", "markdown", "write"]
+__all__ = ["load", "complete_windows", "prepare", "references", "summary", "leaders", "twins", "wins", "markdown", "write"]
