@@ -210,6 +210,29 @@ def _leader_table(lead: pd.DataFrame) -> pd.DataFrame:
     }).set_index("r")
 
 
+def overview(s: pd.DataFrame, w: pd.DataFrame) -> pd.DataFrame:
+    """One row per press, best KL win score first: mean KL and KL / reference at each ratio, ΔNLL at
+    each ratio, the bytes held at the largest ratio, the win scores by KL and by ΔNLL."""
+    ratios = sorted(s["compression_ratio"].unique())
+    by = s.set_index(["press", "compression_ratio"])
+    rows = []
+    for r in w.itertuples():
+        row = {"press": r.press}
+        for ratio in ratios:
+            x = by.loc[(r.press, ratio)] if (r.press, ratio) in by.index else None
+            row[f"KL r={ratio:g}"] = "–" if x is None else f"{x['kl']:.4f}"
+            row[f"×ref r={ratio:g}"] = "–" if x is None else _ci(x["kl_ratio"], x["kl_ratio_lo"], x["kl_ratio_hi"], "{:.2f}")
+        for ratio in ratios:
+            x = by.loc[(r.press, ratio)] if (r.press, ratio) in by.index else None
+            row[f"ΔNLL r={ratio:g}"] = "–" if x is None else f"{x['nll_delta']:+.4f}"
+        last = by.loc[(r.press, ratios[-1])] if (r.press, ratios[-1]) in by.index else None
+        row[f"held r={ratios[-1]:g}"] = "–" if last is None else f"{last['held']:.3f}"
+        row["win KL (rank)"] = f"{r.kl_win_score:.3f} ({r.kl_rank})"
+        row["win ΔNLL (rank)"] = f"{r.nll_delta_win_score:.3f} ({r.nll_delta_rank})"
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("press")
+
+
 def markdown(df: pd.DataFrame, info: dict, reference: str | None = None) -> str:
     """The report: settings, per-ratio tables against the reference, twins, win scores."""
     df, dropped = complete_windows(prepare(df))
@@ -233,6 +256,11 @@ def markdown(df: pd.DataFrame, info: dict, reference: str | None = None) -> str:
         lines.append(f"Command: `{command}`")
     lines += ["", "## Lowest KL of each kind (on this split: a choice, not a result)", "",
               markdown_table(_leader_table(leaders(s))), ""]
+    ov = overview(s, wins(df))
+    ov.index.name = "press (by KL win score)"
+    refs_text = ", ".join(f"r = {r:g}: {p}" for r, p in refs.items())
+    lines += [f"## Overview (×ref: KL / the reference's KL, {refs_text}; win scores over essays × ratios)", "",
+              markdown_table(ov), ""]
     for ratio, part in s.groupby("compression_ratio"):
         ref = refs[ratio]
         how = "given" if reference else "the top-k press with the lowest mean KL here"
@@ -262,4 +290,4 @@ def write(paths, out: Path | None = None, reference: str | None = None) -> tuple
     return write_atomic(out / "report.md", text), text
 
 
-__all__ = ["load", "complete_windows", "prepare", "references", "summary", "leaders", "twins", "wins", "markdown", "write"]
+__all__ = ["load", "complete_windows", "prepare", "references", "summary", "leaders", "overview", "twins", "wins", "markdown", "write"]
