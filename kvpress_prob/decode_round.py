@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from kvpress_prob.samplers import Sampler
+from kvpress_prob.samplers.priority import PrioritySampler, priority_draw
 
 LOWEST = torch.finfo(torch.float32).min  # bias of padding: exp(LOWEST - max) = 0
 
@@ -102,9 +103,13 @@ def draw(pi: torch.Tensor, candidates: torch.Tensor, k: torch.Tensor, sampler: S
         p = p / p.sum(-1, keepdim=True)
         if kept == 0:
             continue
-        result = sampler(p[None, None], 1.0 - kept / count, "head", generator)  # (1, 1, rows, count)
-        flat_keep[rows] = flat_keep[rows].scatter(-1, order, result.keep[0, 0])
-        flat_lw[rows] = flat_lw[rows].scatter(-1, order, result.log_weight[0, 0].double())
+        if type(sampler) is PrioritySampler and sampler.min_keep == 0:  # its draw without solving for k: same result
+            keep_rows, lw_rows = priority_draw(p, torch.full((len(rows),), kept, device=p.device), generator)
+        else:
+            result = sampler(p[None, None], 1.0 - kept / count, "head", generator)  # (1, 1, rows, count)
+            keep_rows, lw_rows = result.keep[0, 0], result.log_weight[0, 0]
+        flat_keep[rows] = flat_keep[rows].scatter(-1, order, keep_rows)
+        flat_lw[rows] = flat_lw[rows].scatter(-1, order, lw_rows.float().double())
     return flat_keep.view(b, h, n), flat_lw.view(b, h, n)
 
 

@@ -73,6 +73,23 @@ def test_compounded_weights_give_an_unbiased_prefix_sum(sampler, n_rounds):
     assert z_dropped < -4, float(z_dropped)  # the older entries lose the weights of earlier rounds
 
 
+def test_priority_fast_path_draws_what_the_sampler_draws():
+    """``draw`` calls priority sampling directly for a plain PrioritySampler (no solve for k): the same kept
+    sets and weights as the sampler itself (a subclass, which takes the sampler's own path)."""
+
+    class Slow(PrioritySampler):
+        pass
+
+    g = torch.Generator().manual_seed(0)
+    pi = rounds.proposal_over(torch.rand(1, 6, 50, generator=g, dtype=torch.float64), torch.ones(1, 6, 50, dtype=torch.bool), 0.01)
+    candidates = torch.rand(1, 6, 50, generator=g) < 0.8
+    k = torch.minimum(torch.tensor([[10, 20, 5, 30, 39, 0]]), candidates.sum(-1))
+    fast = rounds.draw(pi, candidates, k, PrioritySampler(), torch.Generator().manual_seed(4))
+    slow = rounds.draw(pi, candidates, k, Slow(), torch.Generator().manual_seed(4))
+    assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1])
+    assert torch.equal(fast[0].sum(-1), k)
+
+
 # --- a dense slow-loop reference of decoding ---------------------------------------------------------------------
 
 def reference_attention(state):
