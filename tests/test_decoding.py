@@ -343,3 +343,19 @@ def test_registry_names_build_presses():
         assert isinstance(press, SamplingDecodingPress), name
         assert press.hidden_states_buffer_size == 16
         assert press.correct == (not name.endswith("_nocorr")), name
+
+
+def test_value_protection_keeps_the_largest_value_ranges_exactly():
+    """VaSE's option: per head, the ``protect_values`` non-sink, non-window entries whose values have the
+    largest max - min are kept exactly; padding is never protected."""
+    g = torch.Generator().manual_seed(0)
+    values = torch.randn(1, 2, 30, 8, generator=g)
+    values[0, 0, 10] *= 50
+    values[0, 1, 17] *= 50
+    values[0, 1, 25] *= 80  # inside the window: kept anyway, not one of the protected
+    real = torch.ones(1, 2, 30, dtype=torch.bool)
+    real[0, 0, 20:22] = False  # padding
+    values[0, 0, 21] *= 100
+    fixed = rounds.fixed_entries(real, 2, 6, values, protect_values=1)
+    assert fixed[0, 0].nonzero().squeeze(-1).tolist() == [0, 1, 10, 24, 25, 26, 27, 28, 29]
+    assert fixed[0, 1].nonzero().squeeze(-1).tolist() == [0, 1, 17, 24, 25, 26, 27, 28, 29]

@@ -185,7 +185,7 @@ def report(out: Path) -> str:
              ("decode_streaming_llm", "kvpress_streaming_llm"), ("prob_decode_attn_priority", "kvpress_tova")]
     rows = [paired_table(frame, value, "press", a, b, unit="essay").assign(value=value)
             for value in ("kl", "nll_increase", "agreement") for a, b in pairs]
-    paired = pd.concat(rows, ignore_index=True)[["value", "a", "b", "mean_a", "mean_b", "mean", "lo", "hi", "n", "a_better"]]
+    paired = pd.concat([r for r in rows if not r.empty], ignore_index=True)[["value", "a", "b", "mean_a", "mean_b", "mean", "lo", "hi", "n", "a_better"]]
     lines += ["## Paired differences (a - b) over essays\n", common.markdown_table(paired, index=False, float_format="{:.4f}"), ""]
     text = "\n".join(lines)
     common.write_markdown(out / "decoding.md", text)
@@ -193,7 +193,7 @@ def report(out: Path) -> str:
     return text
 
 
-def main(argv: list[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m evaluation.bench decoding", description=__doc__.split("\n")[0])
     parser.add_argument("--essays", type=int, default=3, help="the first N essays of the split (default 3)")
     parser.add_argument("--split", default="dev", choices=["dev", "test"])
@@ -208,7 +208,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default="results/bench")
     parser.add_argument("--model", default=None)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     torch.set_num_threads(args.threads)
     out = Path(args.out) / "decoding"
     out.mkdir(parents=True, exist_ok=True)
