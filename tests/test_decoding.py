@@ -10,7 +10,7 @@ from kvpress import DecodingPress, KnormPress, KVPressTextGenerationPipeline, Pr
 from transformers import DynamicCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from kvpress_prob import SamplingPress, correction
+from kvpress_prob import SamplingPress, correction, get_press
 from kvpress_prob import decode_round as rounds
 from kvpress_prob.decoding import DECODING_PRESSES, SamplingDecodingPress, get_decoding_press
 from kvpress_prob.proposals import MinVarianceProposal
@@ -325,6 +325,9 @@ def test_runs_in_the_pipeline_and_generate_alone_and_behind_a_prefill_press(toke
     presses.append(PrefillDecodingPress(
         prefilling_press=SamplingPress(proposal=MinVarianceProposal(), compression_ratio=0.5),
         decoding_press=get_decoding_press("prob_decode_min_variance_priority", 24, 4, window=4)))
+    for prefill in ("snapkv", "keydiff_sum4"):  # a kvpress press; a summary press (virtual entries with weights)
+        presses.append(PrefillDecodingPress(prefilling_press=get_press(prefill, 0.5),
+                                            decoding_press=get_decoding_press("prob_decode_attn_priority", 24, 4, window=4)))
     ids = tokenizer(context, return_tensors="pt").input_ids
     for press in presses:
         pipe(context, question="What is word7?", press=press, max_new_tokens=12)
