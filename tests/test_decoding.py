@@ -362,3 +362,16 @@ def test_value_protection_keeps_the_largest_value_ranges_exactly():
     fixed = rounds.fixed_entries(real, 2, 6, values, protect_values=1)
     assert fixed[0, 0].nonzero().squeeze(-1).tolist() == [0, 1, 10, 24, 25, 26, 27, 28, 29]
     assert fixed[0, 1].nonzero().squeeze(-1).tolist() == [0, 1, 17, 24, 25, 26, 27, 28, 29]
+
+
+def test_uncorrected_twin_keeps_the_same_entries_in_a_round():
+    """correct=False changes only the weights: on the same cache the first round keeps the same entries
+    (later rounds see caches that the two corrections made different, so their proposals differ)."""
+    model = tiny_model("llama")
+    ids = random_ids(48, seed=13)
+    kept = []
+    for name in ("prob_decode_attn_priority", "prob_decode_attn_priority_nocorr"):
+        snapshots, cache = stream(model, get_decoding_press(name, 24, 8, window=4, seed=3), ids, 40, 8)
+        kept.append((snapshots[0], correction.bias_of(model.model.layers[0].self_attn, cache)))
+    assert all(torch.equal(x, y) for x, y in zip(kept[0][0], kept[1][0]))
+    assert kept[0][1] is not None and bool((kept[0][1] != 0).any()) and kept[1][1] is None
