@@ -187,7 +187,12 @@ def report(out: Path) -> str:
     rows = [paired_table(frame, value, "press", a, b, unit="essay").assign(value=value)
             for value in ("kl", "nll_increase", "agreement") for a, b in pairs]
     paired = pd.concat([r for r in rows if not r.empty], ignore_index=True)[["value", "a", "b", "mean_a", "mean_b", "mean", "lo", "hi", "n", "a_better"]]
-    lines += ["## Paired differences (a - b) over essays\n", common.markdown_table(paired, index=False, float_format="{:.4f}"), ""]
+    lines += ["## Paired differences (a - b) over essays\n",
+              "Seed-averaged per essay, then paired; a_better counts the essays where a is lower (better for kl and "
+              "nll_increase, worse for agreement).\n", common.markdown_table(paired, index=False, float_format="{:.4f}"), ""]
+    per_essay = frame.groupby(["press", "essay"])[["kl", "nll_increase", "agreement"]].mean().unstack("essay")
+    per_essay.columns = [f"{value} {essay}" for value, essay in per_essay.columns]
+    lines += ["## Per essay (seed means)\n", common.markdown_table(per_essay, float_format="{:.4f}"), ""]
     text = "\n".join(lines)
     common.write_markdown(out / "decoding.md", text)
     common.write_json(out / "decoding.json", {"records": frame, "paired": paired})
