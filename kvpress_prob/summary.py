@@ -254,7 +254,8 @@ def summarised(press: BasePress, summary: Summary) -> BasePress:
     a ``SummaryPress`` around a kvpress ``ScorerPress``."""
     if isinstance(press, SamplingPress):
         fields = {name: getattr(press, name) for name in
-                  ("proposal", "sampler", "compression_ratio", "temperature", "correct", "budget", "seed", "bias_dtype")}
+                  ("proposal", "sampler", "compression_ratio", "temperature", "correct", "budget", "seed", "bias_dtype",
+                   "prefill")}
         return SummarySamplingPress(**fields, summary=summary)
     return SummaryPress(press=press, summary=summary)
 
