@@ -129,6 +129,8 @@ def merge_stats(parts: list[dict]) -> dict:
             out[key] = values[0]
         else:
             out[key] = values
+    if "kept" in out and "n" in out and "virtual" not in out:  # exactly as ``SamplingPress.evict`` computes it
+        out["realised_ratio"] = 1.0 - sum(map(sum, out["kept"])) / (len(out["kept"]) * len(out["kept"][0]) * out["n"])
     if "padding" in out and "bytes_kept" in out:
         out["padding"] = out["bytes_stored"] / max(1, out["bytes_kept"])
     return out

@@ -215,9 +215,12 @@ class SamplingPress(BasePress):
     def _at_last_layer(self, cache: Cache, pending: dict):
         """Every layer cut at its hook: merge their draws and stats; else draw and cut all layers now."""
         if self._cut_here():
+            memo = self._recomputed[1] if self._recomputed is not None else {}
             self._recomputed = None
             self.last_draw = prefill_modes.merge_draws([part[0] for part in pending.values()])
             self.stats = prefill_modes.merge_stats([part[1] for part in pending.values()])
+            for draw in memo.values():  # the global draw's own figures, as the deferred path reports them
+                self.stats.update(draw.stats)
             return
         devices, self._devices = self._devices, {}
         prefill_modes.wait_for_host(devices.values())
@@ -241,6 +244,11 @@ class SamplingPress(BasePress):
             proposals = prefill_modes.proposals_pass(decoder, args, kwargs, self._collecting)
         finally:
             self._collecting = None
+        done = sorted(module.layer_idx for module in proposals)
+        if done != self._layers:
+            raise RuntimeError(
+                f"the first forward of prefill='recompute' stopped after layers {done} without reaching the last "
+                f"layer {self._layers[-1]}: nothing was evicted")
         self._recomputed = (proposals, {})
         return None
 
