@@ -33,7 +33,7 @@ def against_snapkv(rows: pd.DataFrame) -> pd.DataFrame:
             continue
         snap = snap.iloc[0]
         for _, row in group.iterrows():
-            out.append({"press": row.press, "n": n, "peak rise - snapkv, in K+V": (row.extra_bytes - snap.extra_bytes) / row.kv_bytes,
+            out.append({"press": row.press, "n": int(n), "peak rise - snapkv, in K+V": (row.extra_bytes - snap.extra_bytes) / row.kv_bytes,
                         "time / snapkv": block_seconds(row) / block_seconds(snap), "seconds": block_seconds(row)})
     return pd.DataFrame(out)
 
