@@ -10,7 +10,7 @@ from kvpress.presses.base_press import BasePress, is_prefilling
 from torch import nn
 from transformers import Cache, Gemma3ForConditionalGeneration, PreTrainedModel, QuantizedCache
 
-from kvpress_prob import attention, correction, wrappers
+from kvpress_prob import attention, correction, prefill_modes, wrappers
 from kvpress_prob.budget import SCOPES
 from kvpress_prob.proposals import AttentionProposal, MinVarianceProposal, Proposal, ScoreProposal
 from kvpress_prob.samplers import Draw, PoissonSampler, Sampler
@@ -27,10 +27,13 @@ class SamplingPress(BasePress):
     """Probabilistic KV cache eviction (Geh, Chen, Israel, Grover, Van den Broeck, "A Probabilistic
     Interpretation of KV Cache Eviction", 2026).
 
-    At prefill every layer's proposal pi (batch, kv_heads, n) is collected; at the last layer the
-    ``sampler`` turns all of them and the budget into kept masks and log-weights (the default,
-    ``PoissonSampler``, is the paper's draws with replacement), the entries not kept are evicted,
-    and each layer's cache is cut to its kept entries, padded only to that layer's largest head.
+    At prefill each layer's proposal pi (batch, kv_heads, n) is computed; the ``sampler`` turns the
+    proposals of the budget's scope into kept masks and log-weights (the default, ``PoissonSampler``,
+    is the paper's draws with replacement), the entries not kept are evicted, and each layer's cache
+    is cut to its kept entries, padded only to that layer's largest head. A per-layer or per-head
+    budget cuts each layer at its own hook, as kvpress's presses do; a global budget needs every
+    layer's proposal, and ``prefill`` says how the prefill gets them without holding the full cache
+    (``kvpress_prob.prefill_modes``; docs/prefill-memory.md).
     Each layer of that cache carries the log-weights / temperature, read at decode time by
     ``kvpress_prob.correction`` (self-normalised importance sampling, docs/method.md): the
     correction belongs to that one cache, so nothing outlives it on the model. A prefill that skips
@@ -72,6 +75,16 @@ class SamplingPress(BasePress):
     bias_dtype : {"keys", "float32"}, default "keys"
         Precision of the stored correction bias: the keys' dtype, or float32 (the corrected attention
         then adds it in float32; docs/method.md, "Correction"; measured in results/bench/bf16/).
+    prefill : {"recompute", "deferred", "offload"}, default "recompute"
+        How a prefill under the global budget holds the cache until the draw (a per-layer or
+        per-head budget never waits). "recompute": a first forward computes only the proposals
+        (one layer's full keys and values alive at a time), the draw is made over all of them, and
+        the real forward cuts each layer at its hook: the peak of a kvpress press, one more forward.
+        "deferred": every layer's full keys and values wait on the device for the last layer.
+        "offload": they wait in host memory (pinned, non-blocking copies on CUDA), and only the
+        kept entries come back; on a CPU it is "deferred". All three give the same kept sets and
+        weights for a seed. Inside a kvpress wrapper (``ComposedPress``, ``PrefillDecodingPress``),
+        which owns the hooks, "recompute" runs as "deferred".
     """
 
     proposal: Proposal = field(default_factory=lambda: MinVarianceProposal(harmonic=True))
@@ -82,6 +95,7 @@ class SamplingPress(BasePress):
     budget: str = "global"
     seed: int = 0
     bias_dtype: str = "keys"
+    prefill: str = "recompute"
     stats: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     last_draw: Draw | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -93,6 +107,7 @@ class SamplingPress(BasePress):
             raise ValueError(f"bias_dtype must be 'keys' or 'float32', got {self.bias_dtype!r}")
         if self.budget not in SCOPES:
             raise ValueError(f"budget must be one of {SCOPES}, got {self.budget!r}")
+        prefill_modes.check_mode(self.prefill)
         if not isinstance(self.proposal, Proposal):
             raise TypeError(f"proposal must be a kvpress_prob Proposal, got {type(self.proposal).__name__}")
         if not isinstance(self.sampler, Sampler):
@@ -100,6 +115,9 @@ class SamplingPress(BasePress):
         self._pending: dict[nn.Module, torch.Tensor | None] = {}  # attention module -> its proposal, this prefill
         self._layers: list[int] = []  # indices of the hooked attention layers (set by post_init_from_model)
         self._at_ratio: tuple | None = None  # (proposal, ratio, proposal_at_ratio): see ``proposal_at_ratio``
+        self._collecting: dict | None = None  # "recompute": the proposals of its first forward, while it runs
+        self._recomputed: tuple[dict, dict] | None = None  # "recompute": (those proposals, the draw's memo)
+        self._devices: dict[nn.Module, torch.device] = {}  # "offload": each layer's device, this prefill
 
     def post_init_from_model(self, model: PreTrainedModel):
         """Called on entry (by this press's ``__call__`` or by a wrapper's): wraps the attention
@@ -157,6 +175,10 @@ class SamplingPress(BasePress):
         repeats one or starts again before the last layer raises instead of evicting nothing."""
         if not is_prefilling(kwargs["cache_position"], kwargs["hidden_states"].shape[1]):
             return output
+        if self._collecting is not None:  # "recompute"'s first forward: the proposal only, then free the layer
+            self._collecting[module] = self.propose(module, kwargs)
+            prefill_modes.empty_layer(kwargs["past_key_values"], module.layer_idx)
+            return output
         layers = self._layers or list(range(module.config.num_hidden_layers))
         if module.layer_idx == layers[0]:
             wrappers.check(self, module)
@@ -165,24 +187,88 @@ class SamplingPress(BasePress):
         expected = layers[len(self._pending)] if len(self._pending) < len(layers) else None
         if module.layer_idx != expected:
             seen = [m.layer_idx for m in self._pending]
-            self._pending = {}
+            self._pending, self._recomputed, self._devices = {}, None, {}
             raise RuntimeError(
                 f"SamplingPress saw layer {module.layer_idx} after layers {seen}, expected layer {expected}: its "
                 f"eviction needs every hooked layer {layers[0]}..{layers[-1]} of one prefill, in order"
             )
-        self._pending[module] = self.propose(module, kwargs) if self.compression_ratio > 0 else None
+        cache = kwargs["past_key_values"]
+        self._pending[module] = self._at_layer(module, kwargs, cache) if self.compression_ratio > 0 else None
         if module.layer_idx == layers[-1]:
             pending, self._pending = self._pending, {}
             if self.compression_ratio > 0:
-                self.evict(kwargs["past_key_values"], pending)
+                self._at_last_layer(cache, pending)
         return output
+
+    def _cut_here(self) -> bool:
+        """Whether each layer is cut at its own hook: a per-layer or per-head budget, or a global one
+        whose draw the first forward of "recompute" made possible."""
+        return self.budget != "global" or self._recomputed is not None
+
+    def _at_layer(self, module: nn.Module, kwargs: dict, cache: Cache):
+        """This layer's share of the prefill: cut now (-> its (draw, stats)) or its proposal (deferred)."""
+        if self.budget != "global":
+            self.evict(cache, {module: self.propose(module, kwargs)})
+            return self.last_draw, self.stats
+        if self._recomputed is not None:
+            proposals, memo = self._recomputed
+            with prefill_modes.global_draw(proposals, memo):
+                self.evict(cache, {module: proposals[module]})
+            return self.last_draw, self.stats
+        pi = self.propose(module, kwargs)
+        if self.prefill == "offload":
+            layer = cache.layers[module.layer_idx]
+            self._devices[module] = layer.keys.device
+            layer.keys, layer.values = prefill_modes.to_host(layer.keys), prefill_modes.to_host(layer.values)
+        return pi
+
+    def _at_last_layer(self, cache: Cache, pending: dict):
+        """Every layer cut at its hook: merge their draws and stats; else draw and cut all layers now."""
+        if self._cut_here():
+            memo = self._recomputed[1] if self._recomputed is not None else {}
+            self._recomputed = None
+            self.last_draw = prefill_modes.merge_draws([part[0] for part in pending.values()])
+            self.stats = prefill_modes.merge_stats([part[1] for part in pending.values()])
+            for draw in memo.values():  # the global draw's own figures, as the deferred path reports them
+                self.stats.update(draw.stats)
+            return
+        devices, self._devices = self._devices, {}
+        prefill_modes.wait_for_host(devices.values())
+        self.evict(cache, pending)
+        if devices:
+            prefill_modes.bring_back(cache, sorted(pending, key=lambda module: module.layer_idx), devices)
+
+    def _before_decoder(self, decoder: nn.Module, args: tuple, kwargs: dict):
+        """Forward pre-hook on the decoder stack: before a prefill under a global budget with
+        ``prefill="recompute"``, a first forward computes every layer's proposal only."""
+        if (self._collecting is not None or self.compression_ratio == 0 or self.budget != "global"
+                or self.prefill != "recompute"):
+            return None
+        inputs = kwargs.get("input_ids")
+        inputs = inputs if inputs is not None else (args[0] if args else kwargs.get("inputs_embeds"))
+        cache = kwargs.get("past_key_values")
+        if inputs is None or inputs.shape[1] <= 1 or (cache is not None and cache.get_seq_length() > 0):
+            return None  # not a prefill: the hooks will not evict
+        self._collecting = {}
+        try:
+            proposals = prefill_modes.proposals_pass(decoder, args, kwargs, self._collecting)
+        finally:
+            self._collecting = None
+        done = sorted(module.layer_idx for module in proposals)
+        if done != self._layers:
+            raise RuntimeError(
+                f"the first forward of prefill='recompute' stopped after layers {done} without reaching the last "
+                f"layer {self._layers[-1]}: nothing was evicted")
+        self._recomputed = (proposals, {})
+        return None
 
     def _abandon(self, why: str):
         done = [m.layer_idx for m in self._pending]
-        self._pending = {}
+        cut = "those layers were cut, the others not" if self._cut_here() else "nothing was evicted"
+        self._pending, self._recomputed, self._devices = {}, None, {}
         raise RuntimeError(
             f"{why}, but the previous prefill under SamplingPress stopped after layers {done} without reaching "
-            f"the last layer {self._layers[-1] if self._layers else '?'}: nothing was evicted (if that prefill "
+            f"the last layer {self._layers[-1] if self._layers else '?'}: {cut} (if that prefill "
             f"raised, enter the press's context again)"
         )
 
@@ -206,8 +292,7 @@ class SamplingPress(BasePress):
         modules = sorted(proposals, key=lambda module: module.layer_idx)
         device = proposals[modules[0]].device  # layers may sit on several devices: draw on the first one's
         pi = torch.stack([proposals[module].to(device) for module in modules]).double()  # (L, b, H_kv, n)
-        generator = torch.Generator(device=pi.device).manual_seed(self.seed)
-        result = self.sampler(pi, self.compression_ratio, self.budget, generator)
+        result = prefill_modes.draw(self.sampler, modules, pi, self.compression_ratio, self.budget, self.seed)
         self.last_draw = result
         tau = self.temperature if self.correct else float("inf")
         kept, stored, bytes_kv, bytes_full, bytes_bias = [], [], 0, 0, 0
@@ -255,13 +340,17 @@ class SamplingPress(BasePress):
     def __call__(self, model: PreTrainedModel):
         """Hook every attention layer of ``model`` for the prefills run inside the block; on a clean
         exit, a prefill left without its eviction (it never reached the last layer) raises."""
-        self._pending = {}
+        self._pending, self._recomputed, self._devices = {}, None, {}
+        handle = language_model(model).register_forward_pre_hook(self._before_decoder, with_kwargs=True)
         try:
             with super().__call__(model):
                 yield
         except BaseException:
-            self._pending = {}
+            self._pending, self._recomputed, self._devices = {}, None, {}
             raise
+        finally:
+            handle.remove()
+            self._collecting = None
         if self._pending:
             self._abandon("the press's context exited")
 

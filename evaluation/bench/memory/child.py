@@ -52,6 +52,19 @@ def stack_bytes(items: list[Compressed], room: int) -> list[int]:
     return out
 
 
+def press_config(label: str, ratio: float, seed: int = 0) -> Config:
+    """The configuration named ``label``: a registry press, optionally with field overrides in the
+    form ``Config.label`` prints them, ``name[field=value,...]`` (values are strings: ``budget``,
+    ``prefill``)."""
+    name, _, rest = label.partition("[")
+    if rest and not rest.endswith("]"):
+        raise ValueError(f"press {label!r}: overrides go in brackets, name[field=value,...]")
+    pairs = [item.split("=", 1) for item in rest[:-1].split(",")] if rest else []
+    if any(len(pair) != 2 for pair in pairs):
+        raise ValueError(f"press {label!r}: each override is field=value")
+    return Config(name, ratio, seed, tuple((key, value) for key, value in pairs))
+
+
 def example(tokenizer, n: int) -> pd.Series:
     """One RULER example (seed 0, first task) generated at context length n."""
     return generate_ruler(tokenizer, n, 1, 0).iloc[0]
@@ -66,22 +79,33 @@ def measure(spec: dict) -> dict:
     out = {**spec, "device": str(model.device)}
     if case in ("press", "engine"):
         ids = common.context_ids(tokenizer, n, device=model.device)
-        press = Config(name, ratio, 0).build()
-        with common.PeakMemory(model.device, anonymous=True) as memory, common.Stopwatch(model.device) as watch:
+        press = press_config(name, ratio).build()
+
+        def block():
             if case == "press":
-                cache = press_prefill(model, ids, press)
-            else:
-                shared = Prefill(model, ids, [press])
-                cache = shared.compress(press)
+                return press_prefill(model, ids, press)
+            return Prefill(model, ids, [press]).compress(press)
+
+        with common.PeakMemory(model.device, anonymous=True) as memory, common.Stopwatch(model.device) as watch:
+            cache = block()
         out["n_context"] = n
         out["cache_bytes"] = tensor_bytes(t for layer in cache.layers for t in (layer.keys, layer.values))
+        if press is not None and hasattr(press, "stats") and press.stats:
+            out["realised_ratio"] = press.stats["realised_ratio"]
+        del cache
+        times = []
+        for _ in range(spec.get("repeats", 0)):  # timed again without the memory sampler running beside
+            with common.Stopwatch(model.device) as again:
+                block()
+            times.append(again.wall)
+        out["repeat_seconds"] = times
     elif case in ("pipeline", "runner"):
         row = example(tokenizer, n)
         pipe = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer)
         inputs = pipe.preprocess(row["context"], [row["question"]], row["answer_prefix"], 10**9)
         out["n_context"] = inputs["context_ids"].shape[1]
         if case == "pipeline":
-            press = Config(name, ratio, 0).build()
+            press = press_config(name, ratio).build()
             with common.PeakMemory(model.device, anonymous=True) as memory:
                 out["answer"] = pipe(row["context"], question=row["question"], answer_prefix=row["answer_prefix"],
                                      press=press, max_new_tokens=MAX_NEW_TOKENS)["answer"]

@@ -25,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decode-batch", type=int, default=2, help="the runner's --decode-batch (default 2)")
     parser.add_argument("--batch", type=int, default=4, help="B of the batched-decoding case (0: skip it; default 4)")
     parser.add_argument("--decode-press", default="prob_min_h", help="the press of the B decoded caches (seeds 0..B-1)")
+    parser.add_argument("--repeats", type=int, default=0,
+                        help="prefill cases: time the block this many more times in the same process, without the "
+                             "memory sampler beside it (the reported time is the fastest; default 0: the measured run)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads of each case (default: torch's)")
     parser.add_argument("--report-only", action="store_true",
                         help="rewrite memory.md from the memory.json of these --lengths (after a change of the report)")
@@ -37,7 +40,8 @@ def main(args: argparse.Namespace) -> object:
 
     lengths = args.lengths or ([1024] if args.quick else [2048, 4096, 8192])
     settings = {"command": "python -m evaluation.bench " + " ".join(sys.argv[1:]), "model": args.model,
-                "ratio": args.ratio, "lengths": lengths, "threads": args.threads}
+                "ratio": args.ratio, "lengths": lengths, "threads": args.threads,
+                "repeats": args.repeats}
     info = common.machine_info()
     out = Path(args.out) / "memory" / "-".join(map(str, lengths))
     if args.report_only:
@@ -46,7 +50,7 @@ def main(args: argparse.Namespace) -> object:
         saved = json.loads((out / "memory.json").read_text())
         return write_outputs(saved["rows"], saved["settings"], saved["machine"], out, saved["status"])
     rows, todo = [], cases(lengths, args.presses, args.paths, args.ratio, args.pipeline_presses, args.runner_presses,
-                           args.decode_press, args.batch, args.decode_batch)
+                           args.decode_press, args.batch, args.decode_batch, args.repeats)
     start = time.time()
     for i, spec in enumerate(todo):
         rows.append(run_case(spec, args.model, args.threads))

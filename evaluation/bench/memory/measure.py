@@ -11,14 +11,14 @@ from evaluation.runner import REFERENCE
 
 
 def cases(lengths: list[int], presses: list[str], paths: list[str], ratio: float, pipeline_presses: list[str], runner_presses: list[str],
-          decode_press: str, batch: int, decode_batch: int) -> list[dict]:
+          decode_press: str, batch: int, decode_batch: int, repeats: int = 0) -> list[dict]:
     """Every case, lengths in order; at each length the compared cases run side by side."""
     out = []
     for n in lengths:
         for name in presses:
             for path in paths:
                 if path == "press" or name != REFERENCE:
-                    out.append(dict(case=path, n=n, press=name, ratio=ratio))
+                    out.append(dict(case=path, n=n, press=name, ratio=ratio, repeats=repeats))
         for name in pipeline_presses:
             out.append(dict(case="pipeline", n=n, press=name, ratio=ratio))
         for name in runner_presses:

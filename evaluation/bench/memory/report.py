@@ -11,6 +11,51 @@ from evaluation.bench import common
 MIB = 2.0**20
 
 
+def block_seconds(row: pd.Series) -> float:
+    """A prefill case's time: the fastest of its repeats timed without the memory sampler, else the
+    measured run's."""
+    repeats = row.get("repeat_seconds")
+    return min(repeats) if isinstance(repeats, list) and repeats else row.get("seconds", float("nan"))
+
+
+#: (what the label names, peak target in K+V above snapkv, time target in snapkv's) of issue 21
+MODE_TARGETS = {"budget=layer": (0.10, 1.10), "prefill=recompute": (0.10, 2.2)}
+
+
+def against_snapkv(rows: pd.DataFrame) -> pd.DataFrame:
+    """Each prefill ("press" case) beside snapkv's at the same length: the peak rise above snapkv's
+    in K+V, and the prefill time in snapkv's."""
+    press = rows[rows.case == "press"]
+    out = []
+    for n, group in press.groupby("n"):
+        snap = group[group.press == "snapkv"]
+        if not len(snap):
+            continue
+        snap = snap.iloc[0]
+        for _, row in group.iterrows():
+            out.append({"press": row.press, "n": int(n), "peak rise - snapkv, in K+V": (row.extra_bytes - snap.extra_bytes) / row.kv_bytes,
+                        "time / snapkv": block_seconds(row) / block_seconds(snap), "seconds": block_seconds(row)})
+    return pd.DataFrame(out)
+
+
+def mode_checks(rows: pd.DataFrame) -> list[dict]:
+    """The targets of issue 21 at the largest length, for every press whose label names a mode."""
+    table = against_snapkv(rows)
+    out = []
+    if not len(table):
+        return out
+    for _, row in table[table.n == table.n.max()].iterrows():
+        for mode, (peak, time) in MODE_TARGETS.items():
+            if mode in row.press:
+                value = row["peak rise - snapkv, in K+V"]
+                out.append({"target": f"prefill peak {row.press} - snapkv, in K+V <= {peak}", "n": row.n, "value": value,
+                            "met": bool(value <= peak)})
+                value = row["time / snapkv"]
+                out.append({"target": f"prefill time {row.press} / snapkv <= {time}", "n": row.n, "value": value,
+                            "met": bool(value <= time)})
+    return out
+
+
 def checks(rows: pd.DataFrame, ratio: float) -> pd.DataFrame:
     """The issue's targets, where the cases they compare were run (NaN: not run)."""
     out = []
@@ -49,7 +94,7 @@ def checks(rows: pd.DataFrame, ratio: float) -> pd.DataFrame:
                         "n": n, "value": value, "met": bool(value <= 1)})
             out.append({"target": f"(info) generate_batch of B={int(row.batch)} caches: peak rise / the B caches",
                         "n": n, "value": row.extra_bytes / row.items_bytes, "met": None})
-    return pd.DataFrame(out)
+    return pd.DataFrame(out + mode_checks(rows))
 
 
 def table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -57,7 +102,7 @@ def table(rows: pd.DataFrame) -> pd.DataFrame:
             "K+V MiB": rows.kv_bytes / MIB, "peak rise MiB": rows.extra_bytes / MIB,
             "rise / K+V": rows.extra_bytes / rows.kv_bytes, "peak MiB": rows.peak_bytes / MIB,
             "process max RSS MiB": rows.ru_maxrss_bytes / MIB,
-            "block s": rows.get("seconds", pd.Series(float("nan"), index=rows.index))}
+            "block s": rows.apply(block_seconds, axis=1) if "seconds" in rows else float("nan")}
     return pd.DataFrame(cols).sort_values(["n", "case", "press"], kind="stable")
 
 
@@ -84,6 +129,15 @@ def markdown(rows: pd.DataFrame, check: pd.DataFrame, settings: dict, info: dict
         "`engine.generate_batch` of B compressed caches.\n",
         common.markdown_table(table(rows).set_index("case"), float_format="{:.2f}"),
     ]
+    relative = against_snapkv(rows)
+    if len(relative):
+        lines += ["\n## Each prefill beside snapkv's\n",
+                  "The `press` cases at each length: peak rise above snapkv's, in the context's K+V, and the prefill "
+                  f"time in snapkv's (the fastest of {settings.get('repeats') or 0} repeats timed after the measured "
+                  "run when repeats > 0, else the measured run). A label's brackets are its overrides: "
+                  "`budget=layer` cuts each layer at its hook; `prefill=deferred` / `prefill=recompute` are the global "
+                  "budget's modes (docs/prefill-memory.md).\n",
+                  common.markdown_table(relative.set_index("press"), float_format="{:.3f}")]
     if len(decode):
         d = pd.DataFrame({"press": decode.press, "B": decode.batch, "n": decode.n_context,
                           "B caches MiB": decode.items_bytes / MIB, "stack MiB": decode.stacked_bytes / MIB,
