@@ -1,0 +1,80 @@
+"""The presses a stream runs under, by name: each a factory ``(schedule, seed) -> press`` at the
+schedule's budget (``target_size``) and interval (``compression_interval``, counted in forwards as kvpress
+counts it). Every baseline is kvpress's own ``DecodingPress`` over a ScorerPress, used through its
+public constructor:
+
+- ``knorm``, ``snapkv``, ``tova``, ``keydiff``: kvpress's scorers. SnapKV's observation window is the
+  largest the buffer allows: min(64, chunk, interval - 1) queries (its scores need more buffered queries
+  than the window, and its RoPE the window's positions, which are the current forward's);
+- ``h2o``: accumulated attention (``kvpress_prob.decoding_scorers.H2OPress``), half the budget heavy
+  hitters and half recent entries, as in the H2O paper;
+- ``streaming_llm``: 4 sinks and the most recent entries in positional order (``SinkWindowPress``);
+- ``kvpress_streaming_llm``: kvpress's ``StreamingLLMPress`` (4 sinks) as it runs under DecodingPress,
+  which loses its sinks after the first round (docs/streaming.md); reported as found, not a baseline.
+
+``BASELINES`` are the rows a press is compared with (the best of them per setting); every name here is
+deterministic and runs with seed 0 only.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from kvpress import DecodingPress, KeyDiffPress, KnormPress, SnapKVPress, StreamingLLMPress, TOVAPress
+
+from evaluation.streaming.drive import Schedule
+from kvpress_prob.decoding_scorers import H2OPress, SinkWindowPress
+
+N_SINK = 4
+
+
+def _decoding(scorer) -> Callable[[Schedule, int], DecodingPress]:
+    def build(schedule: Schedule, seed: int) -> DecodingPress:
+        return DecodingPress(base_press=scorer(schedule), compression_interval=schedule.calls_per_interval,
+                             target_size=schedule.budget, hidden_states_buffer_size=schedule.calls_per_interval)
+    return build
+
+
+def _snapkv(schedule: Schedule) -> SnapKVPress:
+    window = min(64, schedule.chunk, schedule.interval - 1)
+    if window < 1:
+        raise ValueError(f"snapkv needs interval >= 2 (its window must be shorter than the buffered queries), "
+                         f"got interval={schedule.interval}")
+    return SnapKVPress(window_size=window)
+
+
+DETERMINISTIC: dict[str, Callable[[Schedule, int], object]] = {
+    "knorm": _decoding(lambda s: KnormPress()),
+    "snapkv": _decoding(_snapkv),
+    "tova": _decoding(lambda s: TOVAPress()),
+    "keydiff": _decoding(lambda s: KeyDiffPress()),
+    "h2o": _decoding(lambda s: H2OPress(n_recent=s.budget // 2)),
+    "streaming_llm": _decoding(lambda s: SinkWindowPress(n_sink=N_SINK)),
+    "kvpress_streaming_llm": _decoding(lambda s: StreamingLLMPress(n_sink=N_SINK)),
+}
+BASELINES = ("knorm", "snapkv", "tova", "keydiff", "h2o", "streaming_llm")
+
+
+def stream_presses() -> dict[str, Callable[[Schedule, int], object]]:
+    """Every name a stream runs under: the deterministic ones above, then the decoding presses of
+    ``kvpress_prob.decoding`` when that module is installed (they sample: one run per seed)."""
+    return dict(DETERMINISTIC) | sampling_presses()
+
+
+def sampling_presses() -> dict[str, Callable[[Schedule, int], object]]:
+    try:
+        from kvpress_prob.decoding import DECODING_PRESSES
+    except ImportError:
+        return {}
+    return {name: _ours(factory) for name, factory in DECODING_PRESSES.items()}
+
+
+def _ours(factory):
+    def build(schedule: Schedule, seed: int):
+        return factory(target_size=schedule.budget, compression_interval=schedule.calls_per_interval, seed=seed)
+    return build
+
+
+def samples(name: str) -> bool:
+    """Whether the press named ``name`` draws at random (runs once per seed)."""
+    return name not in DETERMINISTIC
