@@ -7,6 +7,7 @@
     kvprob reproduce --preset cpu-quick
     kvprob demo                  # cpu-quick computed afresh into results/demo, next to results/cpu-quick
     kvprob presses               # every registry name, one line each
+    kvprob stream --split dev --budget 256 --out results/stream/dev   # eviction while decoding (docs/streaming.md)
 """
 
 from __future__ import annotations
@@ -355,6 +356,10 @@ def parser() -> argparse.ArgumentParser:
 
     add("presses", "list every registry press, one line each")
 
+    from evaluation.streaming.cli import add_parsers
+
+    add_parsers(add, _positive_int)
+
     sub.add_parser("bench", help="measurements: kvprob bench {speed,budget,oracle,fidelity} --help", add_help=False)
     return p
 
@@ -364,7 +369,11 @@ def main(argv: list[str] | None = None) -> None:
     if argv[:1] == ["bench"]:
         return cmd_bench(None, argv[1:])
     args = parser().parse_args(argv)
-    command = {"generate": cmd_generate, "run": cmd_run, "merge": cmd_merge, "report": cmd_report,
+    args.argv = argv
+    from evaluation.streaming.cli import cmd_stream, cmd_stream_report
+
+    command = {"stream": lambda a: cmd_stream(a, _load, _model_name), "stream-report": cmd_stream_report,
+               "generate": cmd_generate, "run": cmd_run, "merge": cmd_merge, "report": cmd_report,
                "reproduce": cmd_reproduce, "demo": cmd_demo, "presses": cmd_presses,
                "compare": cmd_compare}[args.command]
     try:
