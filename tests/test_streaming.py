@@ -54,12 +54,13 @@ def test_a_press_that_never_evicts_scores_exactly_zero():
     model, ids = tiny_model("llama"), random_ids(200)
     schedule = Schedule(n=200, budget=32, chunk=16, interval=32)
     reference = full_logits(model, ids, schedule)
-    assert reference.shape == (200 - 1 - 64, model.config.vocab_size)
+    assert schedule.end == 32 + 16 * 10  # whole chunks before the last token
+    assert reference.shape == (schedule.end - 64, model.config.vocab_size)
     never = DecodingPress(KnormPress(), compression_interval=2, target_size=200)
     summary, sizes = _scores(model, ids, schedule, never, reference)
-    assert summary["n_scored"] == 200 - 1 - 64
+    assert summary["n_scored"] == schedule.end - 64
     assert summary["nll_increase"] == 0.0 and summary["kl"] == 0.0
-    assert sizes["held_end"] == 199
+    assert sizes["held_end"] == schedule.end
     evicting = DETERMINISTIC["knorm"](schedule, 0)  # the same scorer at the schedule's budget
     summary, sizes = _scores(model, ids, schedule, evicting, reference)
     assert summary["kl"] > 0 and summary["nll_increase"] != 0.0
@@ -72,8 +73,9 @@ def test_sink_and_window_keeps_the_sinks_and_the_last_entries_in_order():
     press = DETERMINISTIC["streaming_llm"](schedule, 0)
     cache = feed(model, ids, schedule, press)["cache"]
     full = feed(model, ids, schedule)["cache"]
-    fed = 299  # the last token is a target only
-    # the last compression ends the forward of token 40 + 16 * 16 - 1 = 295; tokens 296..298 came after it
+    fed = schedule.end
+    assert fed == 40 + 8 * 32  # 32 whole chunks fit before the last token
+    # compressions every 2 forwards: the last one ends the forward of token 295, nothing came after it
     last_cut = schedule.budget + ((fed - schedule.budget) // schedule.interval) * schedule.interval
     window = schedule.budget - 4
     expected = list(range(4)) + list(range(last_cut - window, fed))
@@ -126,7 +128,7 @@ def test_h2o_sums_follow_the_kept_entries():
 
 @pytest.mark.parametrize("bad, message", [
     (dict(n=100, budget=32, chunk=12, interval=32), "multiple of chunk"),
-    (dict(n=60, budget=32, chunk=16, interval=32), "no token would be scored"),
+    (dict(n=80, budget=32, chunk=16, interval=32), "no token would be scored"),
     (dict(n=100, budget=0, chunk=16, interval=32), "budget must be an integer >= 1"),
 ])
 def test_schedule_refuses_bad_settings(bad, message):

@@ -7,7 +7,8 @@ The schedule of a (stream length n, budget, chunk, interval) setting (docs/strea
 
 - prefill: the first ``budget`` tokens in one forward (a DecodingPress leaves a prefill alone, and the
   cache then holds exactly the budget);
-- then chunks of ``chunk`` tokens up to token n - 2 (the last token is only a target); a press
+- then whole chunks of ``chunk`` tokens while they fit before the last token (which is only a target;
+  a tail shorter than a chunk is not fed, so every forward has the same length); a press
   compresses every ``interval`` tokens, that is every ``interval // chunk`` forwards, which is how
   kvpress's ``DecodingPress`` counts its ``compression_interval`` (one step per forward, whatever its
   length);
@@ -42,9 +43,9 @@ class Schedule:
         if self.interval % self.chunk:
             raise ValueError(f"interval ({self.interval}) must be a multiple of chunk ({self.chunk}): a press "
                              "compresses after a whole number of forwards")
-        if self.score_from > self.n - 2:
-            raise ValueError(f"budget + interval ({self.score_from}) must be below the stream length minus one "
-                             f"({self.n - 1}): no token would be scored")
+        if self.score_from >= self.end:
+            raise ValueError(f"budget + interval ({self.score_from}) must leave a whole chunk before the stream's "
+                             f"last token ({self.n - 1}): no token would be scored")
 
     @property
     def prefill(self) -> int:
@@ -53,6 +54,11 @@ class Schedule:
     @property
     def score_from(self) -> int:
         return self.budget + self.interval
+
+    @property
+    def end(self) -> int:
+        """One past the last token fed: the prefill plus every whole chunk before token n - 1."""
+        return self.prefill + (self.n - 1 - self.prefill) // self.chunk * self.chunk
 
     @property
     def calls_per_interval(self) -> int:
@@ -86,8 +92,8 @@ def feed(model, ids: torch.Tensor, schedule: Schedule, press=None,
 
     with press(model) if press is not None else nullcontext():
         forward(0, schedule.prefill, keep_all=False)
-        for start in range(schedule.prefill, schedule.n - 1, schedule.chunk):
-            end = min(start + schedule.chunk, schedule.n - 1)
+        for start in range(schedule.prefill, schedule.end, schedule.chunk):
+            end = start + schedule.chunk
             logits = forward(start, end, keep_all=True)
             if end > schedule.score_from and on_logits is not None:
                 first = max(start, schedule.score_from)
@@ -97,7 +103,7 @@ def feed(model, ids: torch.Tensor, schedule: Schedule, press=None,
 
 
 def full_logits(model, ids: torch.Tensor, schedule: Schedule) -> torch.Tensor:
-    """The full cache's logits (n - 1 - score_from, V) float32 at every scored position, fed by the same
+    """The full cache's logits (end - score_from, V) float32 at every scored position, fed by the same
     schedule (so a press that never evicts scores exactly 0)."""
     rows: list[torch.Tensor] = []
     feed(model, ids, schedule, None, lambda start, logits: rows.append(logits))

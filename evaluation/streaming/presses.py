@@ -13,7 +13,7 @@ public constructor:
   which loses its sinks after the first round (docs/streaming.md); reported as found, not a baseline.
 
 ``BASELINES`` are the rows a press is compared with (the best of them per setting); every name here is
-deterministic and runs with seed 0 only.
+deterministic and runs with the first seed only.
 """
 
 from __future__ import annotations
@@ -56,25 +56,20 @@ BASELINES = ("knorm", "snapkv", "tova", "keydiff", "h2o", "streaming_llm")
 
 
 def stream_presses() -> dict[str, Callable[[Schedule, int], object]]:
-    """Every name a stream runs under: the deterministic ones above, then the decoding presses of
-    ``kvpress_prob.decoding`` when that module is installed (they sample: one run per seed)."""
-    return dict(DETERMINISTIC) | sampling_presses()
+    """Every name a stream runs under: the ones above, then the decoding presses of
+    ``kvpress_prob.decoding.DECODING_PRESSES`` (their ``decode_*`` top-k designs and the sampled
+    ``prob_decode_*`` with their ``_nocorr`` twins)."""
+    from kvpress_prob.decoding import DECODING_PRESSES
 
-
-def sampling_presses() -> dict[str, Callable[[Schedule, int], object]]:
-    try:
-        from kvpress_prob.decoding import DECODING_PRESSES
-    except ImportError:
-        return {}
-    return {name: _ours(factory) for name, factory in DECODING_PRESSES.items()}
+    return dict(DETERMINISTIC) | {name: _ours(factory) for name, factory in DECODING_PRESSES.items()}
 
 
 def _ours(factory):
     def build(schedule: Schedule, seed: int):
-        return factory(target_size=schedule.budget, compression_interval=schedule.calls_per_interval, seed=seed)
+        return factory(schedule.budget, schedule.calls_per_interval, seed=seed)
     return build
 
 
 def samples(name: str) -> bool:
-    """Whether the press named ``name`` draws at random (runs once per seed)."""
-    return name not in DETERMINISTIC
+    """Whether the press named ``name`` draws at random (runs once per seed): the ``prob_*`` presses."""
+    return name.startswith("prob_")
