@@ -70,8 +70,8 @@ REFUSED: dict[type, tuple[str, str]] = {
         "it compresses during decoding with a top-k of the inner press's scores and skips the prefill, but a "
         "SamplingPress compresses at prefill, and a decoding-time cut would drop entries that carry correction "
         "weights",
-        "PrefillDecodingPress(prefilling_press=<the SamplingPress>) with no decoding_press, or DecodingPress "
-        "around a kvpress ScorerPress",
+        "PrefillDecodingPress(prefilling_press=<the SamplingPress>, decoding_press=<a SamplingDecodingPress or "
+        "None>), or DecodingPress around a kvpress ScorerPress",
     ),
     AdaKVPress: (
         "it masks a head-adaptive top-k of the inner press's scores, which replaces the sampling and frees no "
@@ -125,12 +125,16 @@ def refusal(kind: type, fields: dict, press) -> str | None:
             f"ComposedPress([<other presses>, <the SamplingPress>])"
         )
     if issubclass(kind, PrefillDecodingPress):
-        if holds(fields.get("prefilling_press"), press) and fields.get("decoding_press") is None:
+        from kvpress_prob.decoding import SamplingDecodingPress  # it imports this module's users
+
+        decoding = fields.get("decoding_press")
+        if holds(fields.get("prefilling_press"), press) and (decoding is None or isinstance(decoding, SamplingDecodingPress)):
             return None
         return (
-            f"{name} may hold a SamplingPress only as its prefilling_press, with decoding_press=None: a decoding "
-            f"press would cut a cache whose entries carry correction weights. Use instead: "
-            f"PrefillDecodingPress(prefilling_press=<the SamplingPress>)"
+            f"{name} may hold a SamplingPress only as its prefilling_press, with decoding_press=None or a "
+            f"SamplingDecodingPress: another decoding press would cut a cache whose entries carry correction weights "
+            f"and drop them. Use instead: PrefillDecodingPress(prefilling_press=<the SamplingPress>, "
+            f"decoding_press=SamplingDecodingPress(...))"
         )
     for refused, (why, instead) in REFUSED.items():
         if issubclass(kind, refused):

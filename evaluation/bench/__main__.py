@@ -5,7 +5,9 @@ folder below it) and ``--model``, and its own options (``python -m evaluation.be
 ``decompose`` (``evaluation/bench/decompose.py`` and ``decompose_report.py``), ``bf16``
 (``evaluation/bench/bf16.py``), ``sampled-rows`` (``evaluation/bench/sampled_rows.py``) and ``attention``
 (``evaluation/bench/attention.py`` and ``attention_report.py``: which attention-level measure predicts KL
-and score) parse their own options.
+and score) and ``decoding`` (``evaluation/bench/decoding.py``: long generation under the decoding presses)
+and ``decode-speed`` (``evaluation/bench/speed/decoding.py``: throughput and cache bytes of compression while
+decoding) parse their own options.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ COMMANDS = {
 QUICK_INTO_SUBFOLDER = {"fidelity", "shared-prefill"}  # their --quick output goes to <out>/<folder>/quick
 # CLI name -> module with its own ``main(argv)`` and parser (``python -m evaluation.bench <name> --help``)
 OWN_PARSERS = {"decompose": "evaluation.bench.decompose", "bf16": "evaluation.bench.bf16",
-               "sampled-rows": "evaluation.bench.sampled_rows", "attention": "evaluation.bench.attention"}
+               "sampled-rows": "evaluation.bench.sampled_rows", "attention": "evaluation.bench.attention",
+               "decoding": "evaluation.bench.decoding", "decode-speed": "evaluation.bench.speed.decoding"}
 
 
 def build_parser() -> argparse.ArgumentParser:

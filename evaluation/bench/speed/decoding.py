@@ -1,0 +1,146 @@
+"""Speed and memory of compression while decoding (issue 20, item 7), side by side in one run.
+
+``python -m evaluation.bench decode-speed [--length 2048] [--target 512] [--interval 32] [--steps 128] [--repeats 3]``
+
+A RULER context of ``--length`` tokens is prefilled once per repeat (full cache, untimed); each
+variant then decodes the same ``--steps`` tokens one at a time from a copy of that cache, under its
+decoding press (compression every ``--interval`` steps to ``--target`` entries per KV head, the
+rounds' cost included in the timing). The variants run in a rotated order every repeat, so drift in
+the machine's load hits all alike; medians over repeats are reported, and the corrected over
+uncorrected throughput ratio is taken per repeat (the same kept sets: same seed) before its median.
+
+- ``tok_per_s``: decode tokens per second of wall time (rounds included);
+- ``peak_cache_bytes``: the largest keys + values + correction bias held by the cache after any
+  step (the bias is what a corrected press stores beside the kept entries);
+- ``bias_bytes``: the bias at the end.
+
+Output: results/bench/speed/decoding/decode_speed.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+from kvpress import DecodingPress, KnormPress, TOVAPress
+from transformers import DynamicCache
+
+from evaluation.bench import common
+from kvpress_prob import correction
+from kvpress_prob.decoding import get_decoding_press
+from kvpress_prob.press import language_model
+
+OURS = ["decode_knorm_topk", "decode_tova_topk", "prob_decode_attn_priority", "prob_decode_attn_priority_nocorr",
+        "prob_decode_tova_priority", "prob_decode_tova_priority_nocorr"]
+KVPRESS = {"kvpress DecodingPress(KnormPress)": KnormPress, "kvpress DecodingPress(TOVAPress)": TOVAPress}
+TWINS = [("prob_decode_attn_priority", "prob_decode_attn_priority_nocorr"),
+         ("prob_decode_tova_priority", "prob_decode_tova_priority_nocorr")]
+
+
+def build(name: str, target: int, interval: int):
+    if name == "full cache":
+        return None
+    if name in KVPRESS:
+        return DecodingPress(base_press=KVPRESS[name](), compression_interval=interval, target_size=target,
+                             hidden_states_buffer_size=interval)
+    return get_decoding_press(name, target, interval)
+
+
+def held_bytes(model, cache) -> tuple[int, int]:
+    """(keys + values bytes, correction bias bytes) held by ``cache``."""
+    kv = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    bias = 0
+    for layer in language_model(model).layers:
+        b = correction.bias_of(layer.self_attn, cache)
+        bias += 0 if b is None else b.numel() * b.element_size()
+    return kv, bias
+
+
+@torch.no_grad()
+def decode(model, cache, press, tokens: torch.Tensor, start: int) -> dict:
+    times, peak = [], 0
+    context = press(model) if press is not None else torch.no_grad()
+    with context:
+        for i, token in enumerate(tokens):
+            with common.Stopwatch(model.device) as watch:
+                model(input_ids=token.view(1, 1), past_key_values=cache,
+                      position_ids=torch.tensor([[start + i]], device=token.device))
+            times.append(watch.wall)
+            kv, bias = held_bytes(model, cache)
+            peak = max(peak, kv + bias)
+    kv, bias = held_bytes(model, cache)
+    return {"seconds": sum(times), "tok_per_s": len(times) / sum(times), "median_step_ms": 1e3 * statistics.median(times),
+            "peak_cache_bytes": peak, "final_kv_bytes": kv, "bias_bytes": bias,
+            "rounds": (getattr(press, "stats", None) or {}).get("rounds")}
+
+
+def summarise(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    summary = frame.groupby("variant", sort=False).agg(
+        tok_per_s=("tok_per_s", "median"), tok_per_s_min=("tok_per_s", "min"), tok_per_s_max=("tok_per_s", "max"),
+        median_step_ms=("median_step_ms", "median"), peak_cache_MiB=("peak_cache_bytes", lambda x: x.max() / 2**20),
+        bias_KiB=("bias_bytes", lambda x: x.max() / 2**10), repeats=("tok_per_s", "size")).reset_index()
+    full = summary.loc[summary.variant == "full cache", "tok_per_s"]
+    if len(full):
+        summary["over_full_cache"] = summary["tok_per_s"] / float(full.iloc[0])
+    wide = frame.pivot(index="repeat", columns="variant", values="tok_per_s")
+    ratios = []
+    for a, b in TWINS + [("decode_knorm_topk", "kvpress DecodingPress(KnormPress)"),
+                         ("decode_tova_topk", "kvpress DecodingPress(TOVAPress)")]:
+        if a in wide and b in wide:
+            r = wide[a] / wide[b]
+            ratios.append({"a": a, "b": b, "median_ratio": float(r.median()), "min_ratio": float(r.min()),
+                           "max_ratio": float(r.max()), "repeats": int(r.size)})
+    return summary, pd.DataFrame(ratios)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m evaluation.bench decode-speed", description=__doc__.split("\n")[0])
+    parser.add_argument("--length", type=int, default=2048, help="prefilled context tokens (default 2048)")
+    parser.add_argument("--target", type=int, default=512, help="entries per KV head after a round (default 512)")
+    parser.add_argument("--interval", type=int, default=32, help="decoding steps between rounds (default 32)")
+    parser.add_argument("--steps", type=int, default=128, help="timed decoding steps per variant (default 128)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", default="results/bench")
+    parser.add_argument("--model", default=None)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    out = Path(args.out) / "speed" / "decoding"
+    info = common.machine_info()
+    model, tokenizer = common.load(args.model)
+    ids = common.context_ids(tokenizer, args.length, device=model.device)
+    tokens = torch.randint(100, 10000, (args.steps,), generator=torch.Generator().manual_seed(0)).to(model.device)
+    variants = ["full cache", *KVPRESS, *OURS]
+    rows, start = [], time.time()
+    for rep in range(args.repeats):
+        prefilled = DynamicCache()
+        with torch.no_grad():
+            model.model(ids, past_key_values=prefilled)
+        order = variants[rep % len(variants):] + variants[: rep % len(variants)]
+        for name in order:
+            result = decode(model, copy.deepcopy(prefilled), build(name, args.target, args.interval), tokens, args.length)
+            rows.append({"repeat": rep, "variant": name, **result, "loadavg": (common.loadavg() or [None])[0]})
+            print(f"[decode-speed] rep {rep} {name}: {result['tok_per_s']:.2f} tok/s, peak "
+                  f"{result['peak_cache_bytes'] / 2**20:.1f} MiB", flush=True)
+        del prefilled
+        frame = pd.DataFrame(rows)
+        summary, ratios = summarise(frame)
+        info["elapsed_s"] = time.time() - start
+        settings = vars(args) | {"variants": variants}
+        common.write_json(out / "decode_speed.json", {"info": info, "settings": settings, "raw": frame,
+                                                      "summary": summary, "ratios": ratios,
+                                                      "status": f"{rep + 1}/{args.repeats} repeats"})
+        text = (f"# Decode speed with compression every {args.interval} steps ({rep + 1}/{args.repeats} repeats)\n\n"
+                f"Context {args.length} tokens (RULER, prefilled full), {args.steps} decoding steps per variant, target "
+                f"{args.target} entries per KV head, {args.threads} thread(s), {info['processor']}; medians over repeats.\n"
+                f"Command: `python -m evaluation.bench decode-speed --length {args.length} --target {args.target} "
+                f"--interval {args.interval} --steps {args.steps} --repeats {args.repeats} --threads {args.threads}`\n\n"
+                + common.markdown_table(summary, index=False) + "\n\n## Throughput ratios (a / b, per repeat)\n\n"
+                + common.markdown_table(ratios, index=False, float_format="{:.3f}") + "\n")
+        common.write_markdown(out / "decode_speed.md", text)
+    print(text)

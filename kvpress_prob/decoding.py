@@ -1,0 +1,288 @@
+"""SamplingDecodingPress: probabilistic KV cache eviction while decoding, with compounded SNIS weights."""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+from kvpress import DecodingPress, KeyDiffPress, KnormPress, StreamingLLMPress, TOVAPress
+from kvpress.presses.base_press import is_prefilling
+from kvpress.presses.scorer_press import ScorerPress
+from torch import nn
+
+from kvpress_prob import attention, correction
+from kvpress_prob import decode_round as rounds
+from kvpress_prob.proposals import rope_queries, scores_to_weights
+from kvpress_prob.samplers import Sampler, TopKSampler
+from kvpress_prob.samplers.block import BlockSampler
+from kvpress_prob.samplers.priority import PrioritySampler
+from kvpress_prob.samplers.stratified import StratifiedSampler
+from kvpress_prob.samplers.threshold import ThresholdSampler
+
+logger = logging.getLogger(__name__)
+
+#: proposals while decoding: a kvpress scorer's scores, or the buffered queries' attention
+PROPOSALS = ("scorer", "attention", "h2o", "min_variance")
+
+
+@dataclass
+class SamplingDecodingPress(DecodingPress):
+    """Probabilistic eviction while decoding, a kvpress ``DecodingPress`` (beyond Geh et al., "A
+    Probabilistic Interpretation of KV Cache Eviction", 2026, which evicts at prefill only; the
+    sampling is that of VaSE, Chang et al. 2026, arXiv 2606.03928, plus the correction).
+
+    Every ``compression_interval`` decoding steps each layer is cut back to ``target_size`` entries
+    per KV head (``kvpress_prob.decode_round``): the first ``n_sink`` and the last ``window`` are kept
+    exactly, the others are drawn from the proposal by ``sampler``, and the cache keeps its positional
+    order. With ``correct=True`` a kept entry's log-weight log 1/q is added to the correction bias
+    it already carries (a prefill ``SamplingPress``'s included) and the bias is gathered with its
+    keys, so an entry that survived rounds with inclusion probabilities q1, q2, ... weighs
+    1/(q1 q2 ...) in the decode-time SNIS attention (``kvpress_prob.correction``; docs/decoding.md).
+    ``correct=False`` keeps the same entries and adds nothing (a bias already on the cache is still
+    carried with its keys). A ``TopKSampler`` is kvpress's ``DecodingPress`` with positional order.
+
+    Runs alone (kvpress's pipeline, ``model.generate``) or as the ``decoding_press`` of a
+    ``PrefillDecodingPress`` behind any prefill press. A round that finds a layer with at most
+    ``target_size`` entries in every head leaves it and logs a warning (``stats["skipped"]``).
+    Batch size 1 for the designs whose kept count is random (threshold, blocks); padding to the
+    largest head counts in ``stats["stored"]``.
+
+    Parameters
+    ----------
+    base_press : kvpress ScorerPress, optional
+        The scorer of ``proposal="scorer"``, called on the buffered hidden states as kvpress's
+        ``DecodingPress`` calls it; None for the other proposals.
+    compression_interval : int, default 32
+        Decoding steps (forwards) between two rounds, >= 1.
+    target_size : int, default 256
+        Entries per KV head after a round, > n_sink + window + protect_values.
+    hidden_states_buffer_size : int, default 32
+        Steps of hidden states (and, for the attention proposals, queries) kept for the proposal;
+        >= compression_interval makes "h2o" the exact accumulated attention of every step.
+    proposal : {"scorer", "attention", "h2o", "min_variance"}, default "attention"
+        "scorer": ``base_press.score``; "attention": the buffered queries' attention with the
+        current bias; "h2o": that attention accumulated over all rounds (H2O, Zhang et al. 2023),
+        carried with the entries; "min_variance": attention x ||v|| (pi_min, Geh et al.).
+    sampler : kvpress_prob Sampler, default PrioritySampler()
+        The design of the draw (priority: exactly k per head; threshold; stratified; blocks; top-k).
+    n_sink : int, default 4
+        First entries per head kept exactly, >= 0.
+    window : int, default 32
+        Last entries per head kept exactly, >= 0.
+    protect_values : int, default 0
+        Entries per head with the largest value range (max - min over the head dimension) kept
+        exactly, VaSE's protection of large values; >= 0.
+    correct : bool, default True
+        Compound the Horvitz-Thompson weights into the correction bias.
+    floor : float, default 0.01
+        Uniform mass mixed into the proposal over the drawn candidates, in [0, 1).
+    seed : int, default 0
+        Round r of layer l draws from a generator seeded with (seed, l, r): same seed, same kept sets.
+    """
+
+    base_press: ScorerPress | None = None
+    compression_interval: int = 32
+    target_size: int = 256
+    hidden_states_buffer_size: int = 32
+    proposal: str = "attention"
+    sampler: Sampler = field(default_factory=PrioritySampler)
+    n_sink: int = 4
+    window: int = 32
+    protect_values: int = 0
+    correct: bool = True
+    floor: float = 0.01
+    seed: int = 0
+    stats: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        for name in ("compression_interval", "target_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        for name in ("n_sink", "window", "protect_values", "hidden_states_buffer_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        exact = self.n_sink + self.window + self.protect_values
+        if self.target_size <= exact:
+            raise ValueError(
+                f"target_size must be > n_sink + window + protect_values = {exact} (some entries must be drawn), "
+                f"got {self.target_size}"
+            )
+        if self.proposal not in PROPOSALS:
+            raise ValueError(f"proposal must be one of {PROPOSALS}, got {self.proposal!r}")
+        if self.proposal == "scorer" and not isinstance(self.base_press, ScorerPress):
+            raise TypeError(
+                f"proposal='scorer' needs a kvpress ScorerPress as base_press, got {type(self.base_press).__name__}"
+            )
+        if self.proposal != "scorer" and self.base_press is not None:
+            raise ValueError(f"base_press is the scorer of proposal='scorer'; proposal={self.proposal!r} takes None")
+        if not isinstance(self.sampler, Sampler):
+            raise TypeError(f"sampler must be a kvpress_prob Sampler, got {type(self.sampler).__name__}")
+        if not 0.0 <= self.floor < 1.0:
+            raise ValueError(f"floor must be in [0, 1), got {self.floor}")
+        self.reset()
+
+    def reset(self):
+        """Drop every buffer and count (kvpress calls it when the press's context exits)."""
+        self.hidden_states_buffer = defaultdict(list)  # layer -> hidden states (b, c, D) of recent steps
+        self.layer_step_counts = defaultdict(int)  # layer -> steps since its last round
+        self._queries = defaultdict(list)  # layer -> RoPE'd queries (b, H_q, c, d) of recent steps
+        self._accumulated = {}  # layer -> accumulated attention (b, H_kv, S) of its stored entries ("h2o")
+        self._rounds = defaultdict(int)  # layer -> rounds so far (seeds its generator)
+
+    def post_init_from_model(self, model):
+        if self.base_press is not None:
+            self.base_press.post_init_from_model(model)
+        self.stats = {"rounds": 0, "skipped": 0, "stored": {}, "bytes_bias": {}}
+        if self.correct:
+            attention.check_implementation(model)
+        attention.install()
+
+    @torch.no_grad()
+    def forward_hook(self, module: nn.Module, input: list, kwargs: dict, output: list):
+        """kvpress's ``DecodingPress`` hook (buffer, count, a round every ``compression_interval``
+        steps), plus the buffered queries of the attention proposals."""
+        hidden_states = kwargs["hidden_states"]
+        if is_prefilling(kwargs["cache_position"], hidden_states.shape[1]):
+            return output
+        if hidden_states.shape[0] != 1 and self.sampler.random:
+            raise ValueError(f"SamplingDecodingPress samples with batch size 1, got {hidden_states.shape[0]}")
+        layer = module.layer_idx
+        if self.proposal != "scorer":
+            self._queries[layer].append(rope_queries(module, hidden_states, kwargs["position_embeddings"]))
+        output = super().forward_hook(module, input, kwargs, output)
+        if self.layer_step_counts[layer] == 0:  # a round ran: the queries are the cut cache's past
+            self._queries[layer] = []
+        size = self.hidden_states_buffer_size
+        self._queries[layer] = self._queries[layer][-size:] if size > 0 else []
+        return output
+
+    @torch.no_grad()
+    def compress(self, module: nn.Module, hidden_states: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                 attentions, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """One round on one layer: keys, values (b, H_kv, n, d) -> (b, H_kv, S', d); installs the
+        compounded bias (b, H_kv, S') on the layer of ``kwargs["past_key_values"]``."""
+        cache = kwargs["past_key_values"]
+        layer = module.layer_idx
+        b, h, n, _ = keys.shape
+        stored = correction.bias_of(module, cache)
+        bias = rounds.extended_bias(stored, (b, h, n), keys.device)  # (b, H_kv, n)
+        real = rounds.is_real(bias)
+        if int(real.sum(-1).max()) <= self.target_size:
+            if self.proposal == "h2o":  # the buffered steps still accumulate
+                self.weights(module, hidden_states, keys, values, bias, kwargs)
+            self.stats["skipped"] = self.stats.get("skipped", 0) + 1
+            logger.warning(f"layer {layer} holds {n} <= target_size={self.target_size} entries: no round")
+            return keys, values
+        fixed = rounds.fixed_entries(real, self.n_sink, self.window, values, self.protect_values)
+        candidates = real & ~fixed
+        k = torch.minimum((self.target_size - fixed.sum(-1)).clamp_min(0), candidates.sum(-1))  # (b, H_kv)
+        weights = self.weights(module, hidden_states, keys, values, bias, kwargs)  # (b, H_kv, n)
+        pi = rounds.proposal_over(weights, candidates, self.floor)
+        generator = torch.Generator(device=keys.device).manual_seed(
+            (self.seed * 1_000_003 + layer) * 100_003 + self._rounds[layer])
+        drawn, log_weight = rounds.draw(pi, candidates, k, self.sampler, generator)
+        keep = fixed | drawn
+        log_weight = torch.where(fixed, 0.0, log_weight)
+        keys, values, new_bias, order = rounds.cut(keys, values, bias, keep, log_weight, self.correct)
+        if layer in self._accumulated:
+            self._accumulated[layer] = weights.float().gather(-1, order) * (new_bias > rounds.LOWEST / 2)
+        if stored is not None or bool((new_bias != 0).any()):
+            correction.set_bias(module, new_bias, cache)
+        self._rounds[layer] += 1
+        self.stats["rounds"] = self.stats.get("rounds", 0) + 1
+        self.stats.setdefault("stored", {})[layer] = keys.shape[2]
+        self.stats.setdefault("bytes_bias", {})[layer] = new_bias.numel() * new_bias.element_size()
+        return keys, values
+
+    def weights(self, module, hidden_states, keys, values, bias, kwargs) -> torch.Tensor:
+        """The proposal's weights (b, H_kv, n), >= 0, any scale (``proposal_over`` restricts them to
+        the candidates and normalises)."""
+        b, h, n, d = keys.shape
+        if self.proposal == "scorer":
+            ratio = self._find_target_compression_ratio(n, self.target_size)
+            original, self.base_press.compression_ratio = self.base_press.compression_ratio, ratio
+            try:
+                scores = self.base_press.score(module, hidden_states, keys, values, None, kwargs)
+            finally:
+                self.base_press.compression_ratio = original
+            return scores_to_weights(scores).double()
+        queries = self._queries[module.layer_idx]
+        if not queries:
+            raise RuntimeError(f"layer {module.layer_idx}: no buffered queries for proposal={self.proposal!r}")
+        queries = torch.cat(queries, dim=2)[:, :, -n:]  # (b, H_q, B, d)
+        scaling = getattr(module, "scaling", d ** -0.5)
+        mass = rounds.buffered_attention(queries, keys, bias, scaling)  # (b, H_q, n)
+        mass = mass.view(b, h, -1, n)  # (b, H_kv, g, n)
+        if self.proposal == "min_variance":
+            mass = mass * torch.linalg.vector_norm(values.float(), dim=-1)[:, :, None]
+            return (mass / mass.sum(-1, keepdim=True).clamp_min(1e-30)).mean(2).double()
+        mass = mass.mean(2)  # (b, H_kv, n)
+        if self.proposal == "h2o":
+            previous = self._accumulated.get(module.layer_idx)
+            if previous is not None and previous.shape[-1] <= n:
+                mass = mass.clone()
+                mass[..., : previous.shape[-1]] += previous.to(mass.device)
+            self._accumulated[module.layer_idx] = mass  # gathered with the kept entries by ``compress``
+        return mass.double()
+
+
+def _press(proposal: str, sampler: Sampler, base_press: ScorerPress | None = None, **fixed):
+    def factory(target_size: int, compression_interval: int, **overrides) -> SamplingDecodingPress:
+        kwargs = dict(proposal=proposal, sampler=sampler, base_press=base_press, **fixed)
+        kwargs.update(overrides)
+        kwargs.setdefault("hidden_states_buffer_size", compression_interval)
+        kwargs["sampler"] = _copy(kwargs["sampler"])
+        kwargs["base_press"] = _copy(kwargs["base_press"])
+        return SamplingDecodingPress(target_size=target_size, compression_interval=compression_interval, **kwargs)
+
+    return factory
+
+
+def _copy(obj):
+    import copy
+
+    return copy.deepcopy(obj)
+
+
+def _nocorr(factory):
+    def uncorrected(target_size: int, compression_interval: int, **overrides) -> SamplingDecodingPress:
+        return factory(target_size, compression_interval, correct=False, **overrides)
+
+    return uncorrected
+
+
+_TOPK = TopKSampler()
+_PRIORITY = PrioritySampler()
+
+#: name -> factory(target_size, compression_interval, **overrides): the decoding presses.
+#: decode_*: top-k designs (deterministic, no weights); prob_decode_*: sampled, corrected; *_nocorr: same draws uncorrected.
+DECODING_PRESSES = {
+    "decode_streaming_llm": _press("scorer", _TOPK, StreamingLLMPress(n_sink=4)),
+    "decode_knorm_topk": _press("scorer", _TOPK, KnormPress()),
+    "decode_tova_topk": _press("scorer", _TOPK, TOVAPress()),
+    "decode_keydiff_topk": _press("scorer", _TOPK, KeyDiffPress()),
+    "decode_attn_topk": _press("attention", _TOPK),
+    "decode_h2o_topk": _press("h2o", _TOPK),
+    "decode_min_variance_topk": _press("min_variance", _TOPK),
+    "prob_decode_attn_priority": _press("attention", _PRIORITY),
+    "prob_decode_h2o_priority": _press("h2o", _PRIORITY),
+    "prob_decode_min_variance_priority": _press("min_variance", _PRIORITY),
+    "prob_decode_tova_priority": _press("scorer", _PRIORITY, TOVAPress()),
+    "prob_decode_attn_threshold": _press("attention", ThresholdSampler()),
+    "prob_decode_attn_stratified": _press("attention", StratifiedSampler(alpha=0.5)),
+    "prob_decode_attn_block4": _press("attention", BlockSampler(size=4, inner=PrioritySampler())),
+    "prob_decode_attn_vase": _press("attention", _PRIORITY, protect_values=8),
+}
+DECODING_PRESSES.update({f"{name}_nocorr": _nocorr(factory) for name, factory in list(DECODING_PRESSES.items())
+                         if name.startswith("prob_decode_")})
+
+
+def get_decoding_press(name: str, target_size: int, compression_interval: int, **overrides) -> SamplingDecodingPress:
+    """The decoding press ``name`` of ``DECODING_PRESSES`` at this budget and interval."""
+    if name not in DECODING_PRESSES:
+        raise KeyError(f"unknown decoding press {name!r}; known: {sorted(DECODING_PRESSES)}")
+    return DECODING_PRESSES[name](target_size, compression_interval, **overrides)
