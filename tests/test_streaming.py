@@ -195,3 +195,30 @@ def test_streams_tile_the_split_without_overlap(tokenizer):
     assert [s.stream_id for s in streams(tokenizer, "dev", n, max_streams=3)] == [s.stream_id for s in found[:3]]
     with pytest.raises(ValueError, match="split must be one of"):
         streams(tokenizer, "train", n)
+
+
+def test_kvprob_stream_runs_resumes_and_reports(tmp_path, tokenizer, capsys):
+    from evaluation.cli import main
+
+    model_dir = tmp_path / "tiny"
+    tiny_model("llama", layers=2).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    out = tmp_path / "dev"
+    argv = ["stream", "--model", str(model_dir), "--split", "dev", "--tokens", "160", "--streams", "2",
+            "--budget", "48", "64", "--chunk", "16", "--interval", "16", "--presses", "knorm", "tova",
+            "prob_decode_attn_priority", "prob_decode_attn_priority_nocorr", "--seeds", "0", "1", "--out", str(out)]
+    main(argv)
+    assert sorted(p.name for p in out.glob("*.jsonl")) == ["b48-c16-i16.jsonl", "b64-c16-i16.jsonl"]
+    records = [r for p in out.glob("*.jsonl") for r in ResultStore(p, readonly=True).records()]
+    assert len(records) == 2 * 2 * (2 + 2 * 2)  # streams x budgets x (2 deterministic + 2 sampled x 2 seeds)
+    assert {r["split"] for r in records} == {"dev"} and all(r["held_max"] <= r["budget"] for r in records)
+    text = (out / "report.md").read_text()
+    assert "development split" in text and "kvprob stream --model" in text
+    assert "prob_decode_attn_priority − tova" in text or "prob_decode_attn_priority − knorm" in text
+    assert "Corrected minus uncorrected" in text
+    main(argv)  # a rerun computes nothing
+    assert "0 results written" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="context_length"):
+        main([*argv[:6], "200", *argv[7:]])  # another stream length into the same folder is refused
+    with pytest.raises(SystemExit, match="target_size must be > n_sink"):
+        main([*argv[:10], "32", *argv[12:]])  # a budget the press refuses stops before the model loads

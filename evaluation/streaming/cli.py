@@ -37,7 +37,9 @@ def add_parsers(add, positive_int) -> None:
     s.add_argument("--presses", nargs="+", default=names, metavar="NAME",
                    help="unset: every name (evaluation/streaming/presses.py)")
     s.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds of the sampling presses")
-    s.add_argument("--out", required=True, help="results folder (one split per folder)")
+    s.add_argument("--out", required=True, help="results folder (one split and stream length per folder; one file "
+                                                "b<budget>-c<chunk>-i<interval>.jsonl per setting, so runs of "
+                                                "different settings may share it at once)")
     r = add("stream-report", "the report (report.md) of a streaming results folder")
     r.add_argument("--results", required=True, help="results folder")
 
@@ -46,12 +48,14 @@ def cmd_stream(args, load, model_name) -> Path:
     from evaluation.datasets.streams import streams
     from evaluation.store import ResultStore
     from evaluation.streaming import report
+    from evaluation.streaming.presses import stream_presses
     from evaluation.streaming.runner import run, units
 
-    try:
+    try:  # a setting that scores nothing, splits a chunk or that a press refuses stops before the model loads
         todo = units(args.presses, args.seeds, args.budget, args.chunk, args.interval)
+        presses = stream_presses()
         for u in todo:
-            u.schedule(args.tokens)  # refuses a setting that scores nothing or splits a chunk, before loading
+            presses[u.press](u.schedule(args.tokens), u.seed)
     except ValueError as error:
         sys.exit(f"kvprob stream: {error}")
     out = Path(args.out)
@@ -64,12 +68,15 @@ def cmd_stream(args, load, model_name) -> Path:
     identity = manifest.identity(**settings, loaded_model=model, tokenizer=tokenizer)
     manifest.check_folder(out, identity, data_dir="")
     selected = streams(tokenizer, args.split, args.tokens, args.streams)
-    store = ResultStore(out / "results.jsonl")
     entry = manifest.run_entry(n_examples=len(selected), tasks=None, decode_batch=1, shard=None, device=str(model.device))
-    manifest.write(store.path, identity, entry | {"command": "kvprob " + shlex.join(args.argv)})
-    start = time.perf_counter()
-    written = run(model, selected, todo, store, model_name=name, split=args.split)
-    print(f"{written} results written to {store.path} in {time.perf_counter() - start:.0f} s")
+    entry["command"] = "kvprob " + shlex.join(args.argv)
+    start, written = time.perf_counter(), 0
+    for setting in dict.fromkeys((u.budget, u.chunk, u.interval) for u in todo):  # one file (one writer) each
+        store = ResultStore(out / "b{}-c{}-i{}.jsonl".format(*setting))
+        manifest.write(store.path, identity, entry)
+        mine = [u for u in todo if (u.budget, u.chunk, u.interval) == setting]
+        written += run(model, selected, mine, store, model_name=name, split=args.split)
+    print(f"{written} results written to {out} in {time.perf_counter() - start:.0f} s")
     print(f"report: {report.write(out)}")
     return out
 

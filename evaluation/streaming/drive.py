@@ -73,7 +73,8 @@ def feed(model, ids: torch.Tensor, schedule: Schedule, press=None,
     gets the float32 logits (k, V) of positions start..start + k - 1 >= ``score_from`` after each forward.
     Returns the cache's size: ``held_max`` (the most entries per KV head any layer held after a forward),
     ``attended_max`` (the most any forward attended: entries before it plus its tokens), ``held_end`` (the
-    most after the last forward) and ``cache`` (the final DynamicCache)."""
+    most after the last forward), ``kv_bytes`` (keys and values of the final cache) and ``cache`` (the
+    final DynamicCache)."""
     if ids.shape != (1, schedule.n):
         raise ValueError(f"ids must have shape (1, {schedule.n}), got {tuple(ids.shape)}")
     ids = ids.to(model.device)
@@ -99,7 +100,9 @@ def feed(model, ids: torch.Tensor, schedule: Schedule, press=None,
                 first = max(start, schedule.score_from)
                 on_logits(first, logits[first - start:].float())
     held_end = max(layer.keys.shape[2] for layer in cache.layers)
-    return {"held_max": held_max, "attended_max": attended_max, "held_end": held_end, "cache": cache}
+    kv_bytes = sum(2 * layer.keys.numel() * layer.keys.element_size() for layer in cache.layers)
+    return {"held_max": held_max, "attended_max": attended_max, "held_end": held_end, "kv_bytes": kv_bytes,
+            "cache": cache}
 
 
 def full_logits(model, ids: torch.Tensor, schedule: Schedule) -> torch.Tensor:

@@ -5,10 +5,12 @@ Per setting (budget, chunk, interval):
 
 - every press: NLL increase and KL(full || compressed) in nats per scored token, each with its
   interval, the ratio of its mean to the best baseline's (the baseline, of ``presses.BASELINES``, with the
-  lowest mean NLL increase, resp. KL), and the entries per KV head it held (most after a forward) and
-  attended (most during one);
+  lowest mean NLL increase, resp. KL), the entries per KV head it held (most after a forward) and
+  attended (most during one), and its bytes relative to the keys and values it holds (the correction
+  bias counted);
 - every other press minus the best baseline, paired on streams, with the streams it wins;
-- every corrected press minus its ``_nocorr`` twin.
+- every corrected press minus its ``_nocorr`` twin, and every sampled ``prob_decode_<x>_priority``
+  minus the top-k ``decode_<x>_topk`` over the same proposal.
 
 The header names the split, the streams and the commands that wrote the folder (from its manifests).
 """
@@ -57,8 +59,10 @@ def press_table(df: pd.DataFrame) -> pd.DataFrame:
         columns[label] = means.apply(_interval, axis=1)
         columns[f"{label} / best baseline"] = (means["mean"] / means.loc[best, "mean"]).map("{:.2f}".format) if best else "–"
         columns.setdefault("streams", means["n"].astype(int))
-    sizes = df.groupby("press").agg(held=("held_max", "max"), attended=("attended_max", "max"),
-                                    seeds=("seed", "nunique"))
+    memory = (df["kv_bytes"] + df["bias_bytes"]) / df["kv_bytes"]
+    sizes = df.assign(memory=memory).groupby("press").agg(
+        held=("held_max", "max"), attended=("attended_max", "max"), bytes=("memory", "max"), seeds=("seed", "nunique"))
+    sizes["bytes"] = sizes["bytes"].map("{:.3f}".format)
     table = pd.DataFrame(columns).join(sizes)
     order = mean_table(df, "nll_increase", ["press"]).sort_values("mean")["press"]
     table = table.loc[list(order)]
@@ -89,6 +93,18 @@ def twins(presses: list[str]) -> list[tuple[str, str]]:
     return [(p.removesuffix("_nocorr"), p) for p in presses if p.endswith("_nocorr") and p.removesuffix("_nocorr") in presses]
 
 
+def topk_twins(presses: list[str]) -> list[tuple[str, str]]:
+    """(sampled, top-k) over one proposal: ``prob_decode_<x>_priority[_nocorr]`` and ``decode_<x>_topk``."""
+    pairs = []
+    for p in presses:
+        stem = p.removesuffix("_nocorr")
+        if stem.startswith("prob_decode_") and stem.endswith("_priority"):
+            topk = "decode_" + stem.removeprefix("prob_decode_").removesuffix("_priority") + "_topk"
+            if topk in presses:
+                pairs.append((p, topk))
+    return pairs
+
+
 def commands(folder: Path) -> list[str]:
     """The commands recorded in the folder's manifests, in run order, without repeats."""
     out = []
@@ -111,8 +127,8 @@ def markdown(folder: Path | str) -> str:
               f"tokens ({', '.join(sorted(df['example_id'].unique()))}).",
               "- Values: nats per scored token (every prediction after the first compression), mean over streams "
               "of the seed-averaged value, 95 % t-interval over streams; differences paired on streams.",
-              "- Memory: every press holds the same entries per KV head (columns held / attended); what a press "
-              "stores beside them is in docs/streaming.md.", ""]
+              "- Memory: entries per KV head held after a forward and attended during one (held, attended); bytes: "
+              "keys, values and the correction bias a press keeps beside them, over keys and values.", ""]
     cmds = commands(folder)
     if cmds:
         lines += ["Commands:", "", "```", *cmds, "```", ""]
@@ -133,6 +149,10 @@ def markdown(folder: Path | str) -> str:
         pairs = twins(presses)
         if pairs:
             lines += ["Corrected minus uncorrected:", "", markdown_table(paired_rows(part, pairs)), ""]
+        pairs = topk_twins(presses)
+        if pairs:
+            lines += ["Sampled (priority) minus top-k over the same proposal:", "",
+                      markdown_table(paired_rows(part, pairs)), ""]
     return "\n".join(lines)
 
 

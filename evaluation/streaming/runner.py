@@ -7,7 +7,8 @@ units apart. For each stream and setting with work left, the full cache is fed o
 schedule, then every pending press; each finished unit is appended at once, so a killed run loses only
 the unit in flight. Record fields beside the key: task ("stream"), split, n_tokens, budget, chunk,
 interval, score_from, n_scored, nll_full, nll, nll_increase, kl (means over the scored tokens, nats),
-held_max, attended_max, held_end (entries per KV head), seconds.
+held_max, attended_max, held_end (entries per KV head), kv_bytes (keys and values of the final cache),
+bias_bytes (the correction bias a press keeps beside them, from its ``stats["bytes_bias"]``), seconds.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ def run_unit(model, stream: Stream, unit: Unit, reference: torch.Tensor) -> dict
     press = stream_presses()[unit.press](schedule, unit.seed)
     sizes = feed(model, stream.ids, schedule, press, score)
     del sizes["cache"]
-    return metrics.summary(parts) | sizes
+    bias = sum(getattr(press, "stats", {}).get("bytes_bias", {}).values())  # a corrected press's weights
+    return metrics.summary(parts) | sizes | {"bias_bytes": int(bias)}
 
 
 def run(model, streams: list[Stream], todo: list[Unit], store: ResultStore, *, model_name: str, split: str,
