@@ -61,7 +61,7 @@ def test_a_press_that_never_evicts_scores_exactly_zero():
     assert summary["n_scored"] == schedule.end - 64
     assert summary["nll_increase"] == 0.0 and summary["kl"] == 0.0
     assert sizes["held_end"] == schedule.end
-    evicting = DETERMINISTIC["knorm"](schedule, 0)  # the same scorer at the schedule's budget
+    evicting = DETERMINISTIC["knorm"](schedule, 0, 16)  # the same scorer at the schedule's budget
     summary, sizes = _scores(model, ids, schedule, evicting, reference)
     assert summary["kl"] > 0 and summary["nll_increase"] != 0.0
     assert sizes["held_max"] == 32 + 16 and sizes["attended_max"] == 32 + 32
@@ -70,7 +70,7 @@ def test_a_press_that_never_evicts_scores_exactly_zero():
 def test_sink_and_window_keeps_the_sinks_and_the_last_entries_in_order():
     model, ids = tiny_model("qwen3"), random_ids(300, seed=1)
     schedule = Schedule(n=300, budget=40, chunk=8, interval=16)  # 16 rounds after the prefill
-    press = DETERMINISTIC["streaming_llm"](schedule, 0)
+    press = DETERMINISTIC["streaming_llm"](schedule, 0, 16)
     cache = feed(model, ids, schedule, press)["cache"]
     full = feed(model, ids, schedule)["cache"]
     fed = schedule.end
@@ -211,7 +211,12 @@ def test_kvprob_stream_runs_resumes_and_reports(tmp_path, tokenizer, capsys):
     assert sorted(p.name for p in out.glob("*.jsonl")) == ["b48-c16-i16.jsonl", "b64-c16-i16.jsonl"]
     records = [r for p in out.glob("*.jsonl") for r in ResultStore(p, readonly=True).records()]
     assert len(records) == 2 * 2 * (2 + 2 * 2)  # streams x budgets x (2 deterministic + 2 sampled x 2 seeds)
-    assert {r["split"] for r in records} == {"dev"} and all(r["held_max"] <= r["budget"] for r in records)
+    assert {r["split"] for r in records} == {"dev"}
+    for r in records:  # equal memory: the corrected press pays for its bias with entries (head_dim 16)
+        corrected = r["press"] == "prob_decode_attn_priority"
+        assert r["held_end"] == (r["budget"] * 32 // 33 if corrected else r["budget"])  # each forward ends a round
+        assert (r["bias_bytes"] > 0) == corrected
+        assert r["kv_bytes"] + r["bias_bytes"] <= 2 * 2 * 2 * r["budget"] * 16 * 4  # layers x K,V x heads x d x fp32
     text = (out / "report.md").read_text()
     assert "development split" in text and "kvprob stream --model" in text
     assert "prob_decode_attn_priority − tova" in text or "prob_decode_attn_priority − knorm" in text
@@ -221,4 +226,4 @@ def test_kvprob_stream_runs_resumes_and_reports(tmp_path, tokenizer, capsys):
     with pytest.raises(SystemExit, match="context_length"):
         main([*argv[:6], "200", *argv[7:]])  # another stream length into the same folder is refused
     with pytest.raises(SystemExit, match="target_size must be > n_sink"):
-        main([*argv[:10], "32", *argv[12:]])  # a budget the press refuses stops before the model loads
+        main([*argv[:10], "32", *argv[12:]])  # a budget the press refuses stops before any stream runs

@@ -49,15 +49,20 @@ def cmd_stream(args, load, model_name) -> Path:
     from evaluation.store import ResultStore
     from evaluation.streaming import report
     from evaluation.streaming.presses import stream_presses
-    from evaluation.streaming.runner import run, units
+    from evaluation.streaming.runner import head_dim, run, units
 
-    try:  # a setting that scores nothing, splits a chunk or that a press refuses stops before the model loads
-        todo = units(args.presses, args.seeds, args.budget, args.chunk, args.interval)
-        presses = stream_presses()
-        for u in todo:
-            presses[u.press](u.schedule(args.tokens), u.seed)
-    except ValueError as error:
-        sys.exit(f"kvprob stream: {error}")
+    def check(model=None):  # a setting that scores nothing, splits a chunk, or that a press refuses, stops here
+        try:
+            todo = units(args.presses, args.seeds, args.budget, args.chunk, args.interval)
+            for u in todo:
+                schedule = u.schedule(args.tokens)
+                if model is not None:
+                    stream_presses()[u.press](schedule, u.seed, head_dim(model))
+        except ValueError as error:
+            sys.exit(f"kvprob stream: {error}")
+        return todo
+
+    check()  # before the model loads
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = model_name(args.model)
@@ -65,6 +70,7 @@ def cmd_stream(args, load, model_name) -> Path:
                     query_aware=False)
     manifest.check_folder(out, manifest.identity(**settings), data_dir="")
     model, tokenizer = load(args)
+    todo = check(model)
     identity = manifest.identity(**settings, loaded_model=model, tokenizer=tokenizer)
     manifest.check_folder(out, identity, data_dir="")
     selected = streams(tokenizer, args.split, args.tokens, args.streams)

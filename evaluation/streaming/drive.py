@@ -73,7 +73,8 @@ def feed(model, ids: torch.Tensor, schedule: Schedule, press=None,
     gets the float32 logits (k, V) of positions start..start + k - 1 >= ``score_from`` after each forward.
     Returns the cache's size: ``held_max`` (the most entries per KV head any layer held after a forward),
     ``attended_max`` (the most any forward attended: entries before it plus its tokens), ``held_end`` (the
-    most after the last forward), ``kv_bytes`` (keys and values of the final cache) and ``cache`` (the
+    most after the last forward), ``kv_bytes`` (keys and values of the final cache), ``bias_bytes`` (the
+    correction bias a press keeps on it, measured before the press's context exits) and ``cache`` (the
     final DynamicCache)."""
     if ids.shape != (1, schedule.n):
         raise ValueError(f"ids must have shape (1, {schedule.n}), got {tuple(ids.shape)}")
@@ -99,10 +100,20 @@ def feed(model, ids: torch.Tensor, schedule: Schedule, press=None,
             if end > schedule.score_from and on_logits is not None:
                 first = max(start, schedule.score_from)
                 on_logits(first, logits[first - start:].float())
+        bias_bytes = sum(b.numel() * b.element_size() for b in biases(model, cache))
     held_end = max(layer.keys.shape[2] for layer in cache.layers)
     kv_bytes = sum(2 * layer.keys.numel() * layer.keys.element_size() for layer in cache.layers)
     return {"held_max": held_max, "attended_max": attended_max, "held_end": held_end, "kv_bytes": kv_bytes,
-            "cache": cache}
+            "bias_bytes": bias_bytes, "cache": cache}
+
+
+def biases(model, cache) -> list[torch.Tensor]:
+    """The correction biases a kvpress_prob press keeps on ``cache`` beside its keys and values, one per
+    layer that has one (``kvpress_prob.correction.bias_of``)."""
+    from kvpress_prob.correction import bias_of
+
+    found = (bias_of(layer.self_attn, cache) for layer in model.model.layers)
+    return [b for b in found if b is not None]
 
 
 def full_logits(model, ids: torch.Tensor, schedule: Schedule) -> torch.Tensor:

@@ -40,7 +40,7 @@ def sink_check(model, ids: torch.Tensor, budget: int = 128, chunk: int = 32, chu
     reference = full_logits(model, ids, whole)
     out = {"budget": budget, "chunk": chunk, "chunks": chunks, "tokens": ids.shape[1], "presses": {}}
     for name in PRESSES:
-        cache = feed(model, ids[:, :short.n], short, DETERMINISTIC[name](short, 0))["cache"]
+        cache = feed(model, ids[:, :short.n], short, DETERMINISTIC[name](short, 0, 0))["cache"]
         held = positions_held(cache.layers[0].keys, full_keys).sort(dim=-1).values
         parts = []
 
@@ -49,7 +49,7 @@ def sink_check(model, ids: torch.Tensor, budget: int = 128, chunk: int = 32, chu
             parts.append(metrics.token_scores(reference[offset:offset + len(logits)], logits,
                                               ids[0, start + 1:start + 1 + len(logits)].to(logits.device)))
 
-        feed(model, ids, whole, DETERMINISTIC[name](whole, 0), score)
+        feed(model, ids, whole, DETERMINISTIC[name](whole, 0, 0), score)
         held_sinks = [sorted(set(range(4)) & set(h.tolist())) for h in held]
         out["presses"][name] = {"sinks_held_per_head": held_sinks, "positions_held_head0": held[0].tolist(),
                                 **metrics.summary(parts)}

@@ -5,9 +5,9 @@ Per setting (budget, chunk, interval):
 
 - every press: NLL increase and KL(full || compressed) in nats per scored token, each with its
   interval, the ratio of its mean to the best baseline's (the baseline, of ``presses.BASELINES``, with the
-  lowest mean NLL increase, resp. KL), the entries per KV head it held (most after a forward) and
-  attended (most during one), and its bytes relative to the keys and values it holds (the correction
-  bias counted);
+  lowest mean NLL increase, resp. KL), the entries per KV head it held after its last round and
+  attended during a forward (most), and its bytes (keys, values and the correction bias it keeps) over
+  the keys and values of ``budget`` entries;
 - every other press minus the best baseline, paired on streams, with the streams it wins;
 - every corrected press minus its ``_nocorr`` twin, and every sampled ``prob_decode_<x>_priority``
   minus the top-k ``decode_<x>_topk`` over the same proposal.
@@ -59,9 +59,10 @@ def press_table(df: pd.DataFrame) -> pd.DataFrame:
         columns[label] = means.apply(_interval, axis=1)
         columns[f"{label} / best baseline"] = (means["mean"] / means.loc[best, "mean"]).map("{:.2f}".format) if best else "–"
         columns.setdefault("streams", means["n"].astype(int))
-    memory = (df["kv_bytes"] + df["bias_bytes"]) / df["kv_bytes"]
+    budget_bytes = df["kv_bytes"] / df["held_end"] * df["budget"]  # keys and values of `budget` entries
+    memory = (df["kv_bytes"] + df["bias_bytes"]) / budget_bytes
     sizes = df.assign(memory=memory).groupby("press").agg(
-        held=("held_max", "max"), attended=("attended_max", "max"), bytes=("memory", "max"), seeds=("seed", "nunique"))
+        held=("held_end", "max"), attended=("attended_max", "max"), bytes=("memory", "max"), seeds=("seed", "nunique"))
     sizes["bytes"] = sizes["bytes"].map("{:.3f}".format)
     table = pd.DataFrame(columns).join(sizes)
     order = mean_table(df, "nll_increase", ["press"]).sort_values("mean")["press"]
@@ -127,8 +128,9 @@ def markdown(folder: Path | str) -> str:
               f"tokens ({', '.join(sorted(df['example_id'].unique()))}).",
               "- Values: nats per scored token (every prediction after the first compression), mean over streams "
               "of the seed-averaged value, 95 % t-interval over streams; differences paired on streams.",
-              "- Memory: entries per KV head held after a forward and attended during one (held, attended); bytes: "
-              "keys, values and the correction bias a press keeps beside them, over keys and values.", ""]
+              "- Memory: entries per KV head held after a round and attended during a forward (held, attended); "
+              "bytes: keys, values and the correction bias a press keeps beside them, over the keys and values "
+              "of budget entries (a corrected press holds fewer entries to pay for its bias).", ""]
     cmds = commands(folder)
     if cmds:
         lines += ["Commands:", "", "```", *cmds, "```", ""]

@@ -8,7 +8,7 @@ schedule, then every pending press; each finished unit is appended at once, so a
 the unit in flight. Record fields beside the key: task ("stream"), split, n_tokens, budget, chunk,
 interval, score_from, n_scored, nll_full, nll, nll_increase, kl (means over the scored tokens, nats),
 held_max, attended_max, held_end (entries per KV head), kv_bytes (keys and values of the final cache),
-bias_bytes (the correction bias a press keeps beside them, from its ``stats["bytes_bias"]``), seconds.
+bias_bytes (the correction bias a press keeps beside them, measured on the cache), seconds.
 """
 
 from __future__ import annotations
@@ -73,11 +73,15 @@ def run_unit(model, stream: Stream, unit: Unit, reference: torch.Tensor) -> dict
         parts.append(metrics.token_scores(reference[rows], logits, targets[start + 1:start + 1 + len(logits)]))
 
     torch.manual_seed(unit.seed)
-    press = stream_presses()[unit.press](schedule, unit.seed)
+    press = stream_presses()[unit.press](schedule, unit.seed, head_dim(model))
     sizes = feed(model, stream.ids, schedule, press, score)
     del sizes["cache"]
-    bias = sum(getattr(press, "stats", {}).get("bytes_bias", {}).values())  # a corrected press's weights
-    return metrics.summary(parts) | sizes | {"bias_bytes": int(bias)}
+    return metrics.summary(parts) | sizes
+
+
+def head_dim(model) -> int:
+    config = model.config
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 def run(model, streams: list[Stream], todo: list[Unit], store: ResultStore, *, model_name: str, split: str,
