@@ -227,3 +227,19 @@ def test_kvprob_stream_runs_resumes_and_reports(tmp_path, tokenizer, capsys):
         main([*argv[:6], "200", *argv[7:]])  # another stream length into the same folder is refused
     with pytest.raises(SystemExit, match="target_size must be > n_sink"):
         main([*argv[:10], "32", *argv[12:]])  # a budget the press refuses stops before any stream runs
+
+
+def test_true_decoding_and_chunks_keep_the_same_entries():
+    """Chunk 1 (one token per forward, compression every 16 forwards) and chunk 16 (every forward) attend
+    to the same entries at every token under a scorer that reads only the keys: same scores up to rounding."""
+    model, ids = tiny_model("llama"), random_ids(193, seed=4)
+    scores = {}
+    for chunk in (1, 16):
+        schedule = Schedule(n=193, budget=48, chunk=chunk, interval=16)
+        assert schedule.end == 192  # both feed every token but the last
+        reference = full_logits(model, ids, schedule)
+        scores[chunk], sizes = _scores(model, ids, schedule, DETERMINISTIC["knorm"](schedule, 0, 16), reference)
+        assert sizes["held_end"] == 48 and sizes["attended_max"] == 48 + 16
+    assert scores[1]["n_scored"] == scores[16]["n_scored"] and scores[1]["kl"] > 0
+    for value in ("nll_increase", "kl"):
+        assert scores[1][value] == pytest.approx(scores[16][value], rel=1e-3, abs=1e-6)
