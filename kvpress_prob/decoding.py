@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -174,8 +175,10 @@ class SamplingDecodingPress(DecodingPress):
         if int(real.sum(-1).max()) <= self.target_size:
             if self.proposal == "h2o":  # the buffered steps still accumulate
                 self.weights(module, hidden_states, keys, values, bias, kwargs)
+            if not self.stats.get("skipped"):  # once per context; stats["skipped"] counts every layer's
+                logger.warning(f"layer {layer} holds {n} <= target_size={self.target_size} entries per head: no "
+                               f"round (counted in stats['skipped'])")
             self.stats["skipped"] = self.stats.get("skipped", 0) + 1
-            logger.warning(f"layer {layer} holds {n} <= target_size={self.target_size} entries: no round")
             return keys, values
         fixed = rounds.fixed_entries(real, self.n_sink, self.window, values, self.protect_values)
         candidates = real & ~fixed
@@ -235,17 +238,11 @@ def _press(proposal: str, sampler: Sampler, base_press: ScorerPress | None = Non
         kwargs = dict(proposal=proposal, sampler=sampler, base_press=base_press, **fixed)
         kwargs.update(overrides)
         kwargs.setdefault("hidden_states_buffer_size", compression_interval)
-        kwargs["sampler"] = _copy(kwargs["sampler"])
-        kwargs["base_press"] = _copy(kwargs["base_press"])
+        kwargs["sampler"] = copy.deepcopy(kwargs["sampler"])  # every press its own instances
+        kwargs["base_press"] = copy.deepcopy(kwargs["base_press"])
         return SamplingDecodingPress(target_size=target_size, compression_interval=compression_interval, **kwargs)
 
     return factory
-
-
-def _copy(obj):
-    import copy
-
-    return copy.deepcopy(obj)
 
 
 def _nocorr(factory):

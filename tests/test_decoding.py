@@ -10,7 +10,7 @@ from kvpress import DecodingPress, KnormPress, KVPressTextGenerationPipeline, Pr
 from transformers import DynamicCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from kvpress_prob import SamplingPress, correction
+from kvpress_prob import SamplingPress, correction, get_press
 from kvpress_prob import decode_round as rounds
 from kvpress_prob.decoding import DECODING_PRESSES, SamplingDecodingPress, get_decoding_press
 from kvpress_prob.proposals import MinVarianceProposal
@@ -325,6 +325,9 @@ def test_runs_in_the_pipeline_and_generate_alone_and_behind_a_prefill_press(toke
     presses.append(PrefillDecodingPress(
         prefilling_press=SamplingPress(proposal=MinVarianceProposal(), compression_ratio=0.5),
         decoding_press=get_decoding_press("prob_decode_min_variance_priority", 24, 4, window=4)))
+    for prefill in ("snapkv", "keydiff_sum4"):  # a kvpress press; a summary press (virtual entries with weights)
+        presses.append(PrefillDecodingPress(prefilling_press=get_press(prefill, 0.5),
+                                            decoding_press=get_decoding_press("prob_decode_attn_priority", 24, 4, window=4)))
     ids = tokenizer(context, return_tensors="pt").input_ids
     for press in presses:
         pipe(context, question="What is word7?", press=press, max_new_tokens=12)
@@ -343,3 +346,32 @@ def test_registry_names_build_presses():
         assert isinstance(press, SamplingDecodingPress), name
         assert press.hidden_states_buffer_size == 16
         assert press.correct == (not name.endswith("_nocorr")), name
+
+
+def test_value_protection_keeps_the_largest_value_ranges_exactly():
+    """VaSE's option: per head, the ``protect_values`` non-sink, non-window entries whose values have the
+    largest max - min are kept exactly; padding is never protected."""
+    g = torch.Generator().manual_seed(0)
+    values = torch.randn(1, 2, 30, 8, generator=g)
+    values[0, 0, 10] *= 50
+    values[0, 1, 17] *= 50
+    values[0, 1, 25] *= 80  # inside the window: kept anyway, not one of the protected
+    real = torch.ones(1, 2, 30, dtype=torch.bool)
+    real[0, 0, 20:22] = False  # padding
+    values[0, 0, 21] *= 100
+    fixed = rounds.fixed_entries(real, 2, 6, values, protect_values=1)
+    assert fixed[0, 0].nonzero().squeeze(-1).tolist() == [0, 1, 10, 24, 25, 26, 27, 28, 29]
+    assert fixed[0, 1].nonzero().squeeze(-1).tolist() == [0, 1, 17, 24, 25, 26, 27, 28, 29]
+
+
+def test_uncorrected_twin_keeps_the_same_entries_in_a_round():
+    """correct=False changes only the weights: on the same cache the first round keeps the same entries
+    (later rounds see caches that the two corrections made different, so their proposals differ)."""
+    model = tiny_model("llama")
+    ids = random_ids(48, seed=13)
+    kept = []
+    for name in ("prob_decode_attn_priority", "prob_decode_attn_priority_nocorr"):
+        snapshots, cache = stream(model, get_decoding_press(name, 24, 8, window=4, seed=3), ids, 40, 8)
+        kept.append((snapshots[0], correction.bias_of(model.model.layers[0].self_attn, cache)))
+    assert all(torch.equal(x, y) for x, y in zip(kept[0][0], kept[1][0]))
+    assert kept[0][1] is not None and bool((kept[0][1] != 0).any()) and kept[1][1] is None

@@ -129,6 +129,36 @@ def sink_report(model, ids: torch.Tensor) -> tuple[str, list[dict]]:
     return text, rows
 
 
+@torch.no_grad()
+def weight_report(model, ids: torch.Tensor, prompt: int, target: int, interval: int, window: int) -> tuple[str, list[dict]]:
+    """The compounded weights a corrected press leaves: teacher-forced along ``ids`` in chunks of ``interval``
+    under prob_decode_attn_priority (seed 0), then per layer and KV head the sum of the weights (which
+    estimates the number of tokens seen), their median and maximum, and the share above 1."""
+    from kvpress_prob import correction
+    from kvpress_prob.press import language_model
+
+    press = get_decoding_press("prob_decode_attn_priority", target, 1, window=window)
+    cache = DynamicCache()
+    with press(model):
+        model.model(ids[:, :prompt], past_key_values=cache)
+        for start in range(prompt, ids.shape[1], interval):
+            end = min(start + interval, ids.shape[1])
+            model.model(ids[:, start:end], past_key_values=cache, position_ids=torch.arange(start, end)[None])
+    rows = []
+    for layer in language_model(model).layers:
+        w = correction.bias_of(layer.self_attn, cache)[0].double().exp()  # (H_kv, S)
+        for h in range(w.shape[0]):
+            rows.append({"layer": layer.self_attn.layer_idx, "kv_head": h, "tokens_seen": ids.shape[1], "sum_w": float(w[h].sum()),
+                         "median_w": float(w[h].median()), "max_w": float(w[h].max()), "share_above_1": float((w[h] > 1.0001).double().mean())})
+    frame = pd.DataFrame(rows)
+    text = (f"# Compounded weights after {press.stats['rounds'] // len(language_model(model).layers)} rounds per layer "
+            f"(prob_decode_attn_priority, target {target}, {ids.shape[1]} tokens teacher-forced)\n\n"
+            f"Sum of a head's weights over its {target} entries (estimates the tokens seen, {ids.shape[1]}): mean "
+            f"{frame.sum_w.mean():.0f}, range {frame.sum_w.min():.0f}-{frame.sum_w.max():.0f} over {len(frame)} heads; "
+            f"largest weight {frame.max_w.max():.0f}.\n\n" + common.markdown_table(frame, index=False) + "\n")
+    return text, rows
+
+
 def run_essay(model, tokenizer, path: Path, args, done: set, out: Path) -> None:
     ids = torch.tensor(essay_ids(tokenizer, path)[: args.prompt + args.generate + 1])[None]
     if ids.shape[1] < args.prompt + args.generate + 1:
@@ -182,18 +212,24 @@ def report(out: Path) -> str:
                                                         float_format="{:.4f}"), ""]
     pairs = [("prob_decode_attn_priority", "prob_decode_attn_priority_nocorr"), ("prob_decode_attn_priority", "decode_attn_topk"),
              ("prob_decode_h2o_priority", "decode_h2o_topk"), ("decode_tova_topk", "kvpress_tova"),
-             ("decode_streaming_llm", "kvpress_streaming_llm"), ("prob_decode_attn_priority", "kvpress_tova")]
+             ("decode_streaming_llm", "kvpress_streaming_llm"), ("prob_decode_attn_priority", "kvpress_tova"),
+             ("prob_decode_attn_priority", "prob_decode_attn_vase_nocorr")]
     rows = [paired_table(frame, value, "press", a, b, unit="essay").assign(value=value)
             for value in ("kl", "nll_increase", "agreement") for a, b in pairs]
-    paired = pd.concat(rows, ignore_index=True)[["value", "a", "b", "mean_a", "mean_b", "mean", "lo", "hi", "n", "a_better"]]
-    lines += ["## Paired differences (a - b) over essays\n", common.markdown_table(paired, index=False, float_format="{:.4f}"), ""]
+    paired = pd.concat([r for r in rows if not r.empty], ignore_index=True)[["value", "a", "b", "mean_a", "mean_b", "mean", "lo", "hi", "n", "a_better"]]
+    lines += ["## Paired differences (a - b) over essays\n",
+              "Seed-averaged per essay, then paired; a_better counts the essays where a is lower (better for kl and "
+              "nll_increase, worse for agreement).\n", common.markdown_table(paired, index=False, float_format="{:.4f}"), ""]
+    per_essay = frame.groupby(["press", "essay"])[["kl", "nll_increase", "agreement"]].mean().unstack("essay")
+    per_essay.columns = [f"{value} {essay}" for value, essay in per_essay.columns]
+    lines += ["## Per essay (seed means)\n", common.markdown_table(per_essay, float_format="{:.4f}"), ""]
     text = "\n".join(lines)
     common.write_markdown(out / "decoding.md", text)
     common.write_json(out / "decoding.json", {"records": frame, "paired": paired})
     return text
 
 
-def main(argv: list[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m evaluation.bench decoding", description=__doc__.split("\n")[0])
     parser.add_argument("--essays", type=int, default=3, help="the first N essays of the split (default 3)")
     parser.add_argument("--split", default="dev", choices=["dev", "test"])
@@ -205,13 +241,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--presses", nargs="+", default=PRESSES)
     parser.add_argument("--shard", default=None, help="i/n: this process's share of the essays")
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--weights-only", action="store_true",
+                        help="only weights.md: the compounded weights after teacher-forcing the first essay")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default="results/bench")
     parser.add_argument("--model", default=None)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     torch.set_num_threads(args.threads)
     out = Path(args.out) / "decoding"
     out.mkdir(parents=True, exist_ok=True)
+    if args.weights_only:
+        model, tokenizer = common.load(args.model)
+        path = essays(args.split)[0]
+        ids = torch.tensor(essay_ids(tokenizer, path)[: args.prompt + args.generate])[None]
+        text, rows = weight_report(model, ids, args.prompt, args.target, args.interval, args.window)
+        common.write_markdown(out / "weights.md", f"Essay {path.stem} ({args.split} split).\n\n" + text)
+        common.write_json(out / "weights.json", {"essay": path.stem, "rows": rows})
+        print(text.split("\n\n")[0:2])
+        return
     if not args.report_only:
         model, tokenizer = common.load(args.model)
         files = essays(args.split)[: args.essays]

@@ -98,7 +98,7 @@ def summarise(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return summary, pd.DataFrame(ratios)
 
 
-def main(argv: list[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m evaluation.bench decode-speed", description=__doc__.split("\n")[0])
     parser.add_argument("--length", type=int, default=2048, help="prefilled context tokens (default 2048)")
     parser.add_argument("--target", type=int, default=512, help="entries per KV head after a round (default 512)")
@@ -108,7 +108,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default="results/bench")
     parser.add_argument("--model", default=None)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     torch.set_num_threads(args.threads)
     out = Path(args.out) / "speed" / "decoding"
     info = common.machine_info()
