@@ -9,6 +9,7 @@
     kvprob presses               # every registry name, one line each
     kvprob prose run --split dev --context 1024 --presses snapkv prob_min_h --out results/prose/x
     kvprob prose report --results results/prose/x
+    kvprob stream --split dev --budget 256 --out results/stream/dev   # eviction while decoding (docs/streaming.md)
 """
 
 from __future__ import annotations
@@ -369,6 +370,10 @@ def parser() -> argparse.ArgumentParser:
 
     add_prose(sub, add, _ratio, _positive_int, _model_option)
 
+    from evaluation.streaming.cli import add_parsers
+
+    add_parsers(add, _positive_int)
+
     sub.add_parser("bench", help="measurements: kvprob bench {speed,budget,oracle,fidelity} --help", add_help=False)
     return p
 
@@ -378,7 +383,11 @@ def main(argv: list[str] | None = None) -> None:
     if argv[:1] == ["bench"]:
         return cmd_bench(None, argv[1:])
     args = parser().parse_args(argv)
-    command = {"generate": cmd_generate, "run": cmd_run, "merge": cmd_merge, "report": cmd_report,
+    args.argv = argv
+    from evaluation.streaming.cli import cmd_stream, cmd_stream_report
+
+    command = {"stream": lambda a: cmd_stream(a, _load, _model_name), "stream-report": cmd_stream_report,
+               "generate": cmd_generate, "run": cmd_run, "merge": cmd_merge, "report": cmd_report,
                "reproduce": cmd_reproduce, "demo": cmd_demo, "presses": cmd_presses,
                "compare": cmd_compare, "prose": cmd_prose}[args.command]
     try:
