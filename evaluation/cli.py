@@ -7,6 +7,8 @@
     kvprob reproduce --preset cpu-quick
     kvprob demo                  # cpu-quick computed afresh into results/demo, next to results/cpu-quick
     kvprob presses               # every registry name, one line each
+    kvprob prose run --split dev --context 1024 --presses snapkv prob_min_h --out results/prose/x
+    kvprob prose report --results results/prose/x
 """
 
 from __future__ import annotations
@@ -215,6 +217,14 @@ def cmd_presses(args) -> None:
           "kvprob run --presses takes these names.")
 
 
+def cmd_prose(args):
+    from evaluation.prose import cli as prose
+
+    if args.prose_command == "run":
+        return prose.cmd_run(args, _load, _model_name)
+    return prose.cmd_report(args)
+
+
 def cmd_bench(args, rest) -> None:
     from evaluation.bench.__main__ import main as bench_main
 
@@ -355,6 +365,10 @@ def parser() -> argparse.ArgumentParser:
 
     add("presses", "list every registry press, one line each")
 
+    from evaluation.prose.cli import add_parser as add_prose
+
+    add_prose(sub, add, _ratio, _positive_int, _model_option)
+
     sub.add_parser("bench", help="measurements: kvprob bench {speed,budget,oracle,fidelity} --help", add_help=False)
     return p
 
@@ -366,7 +380,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     command = {"generate": cmd_generate, "run": cmd_run, "merge": cmd_merge, "report": cmd_report,
                "reproduce": cmd_reproduce, "demo": cmd_demo, "presses": cmd_presses,
-               "compare": cmd_compare}[args.command]
+               "compare": cmd_compare, "prose": cmd_prose}[args.command]
     try:
         command(args)
     except (FileNotFoundError, manifest.ManifestMismatch) as error:  # missing assets and paths, mixed settings
