@@ -195,8 +195,8 @@ def test_registered_with_uncorrected_twins(name):
 
 
 def test_alpha_diagnostic_reads_every_layer_and_head():
-    """evaluation.bench.entropy_alpha.alphas: one prefill under the press, (layers, KV heads) alphas in [0, 1]
-    equal to the sampler's map on the press's own proposals (recorded in last_draw's stats)."""
+    """evaluation.bench.entropy_alpha.alphas: one prefill under the press gives (layers, KV heads) alphas in
+    [0, 1], and they move with the budget."""
     from conftest import random_ids, tiny_model
 
     from evaluation.bench.entropy_alpha import alphas
