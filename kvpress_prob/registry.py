@@ -318,8 +318,6 @@ _CALIBRATED: dict[str, Callable[[float], SamplingPress]] = {
     "prob_expected_attention_block8_priority": _sampling(_expected_attention, _block8_priority, budget="head"),
     "prob_expected_attention_block8_priority_ent": _sampling(
         _calibrated(lambda: ExpectedAttentionPress(epsilon=1e-2), "entropy"), _block8_priority, budget="head"),
-    "prob_tova_span8_priority": _span(_tova, "priority"),
-    "prob_keydiff_span8_priority_ent": _span(_calibrated(KeyDiffPress, "entropy"), "priority"),
 }
 
 PRESSES: dict[str, Callable[[float], BasePress]] = {
@@ -405,8 +403,9 @@ def is_sampling(name: str, **overrides) -> bool:
 
 
 # --- Entropy-set stratified hybrids (issue 20, item 4; docs/entropy-hybrid.md). One block, to be moved by the lead.
-# Each head's exact fraction alpha_h follows the entropy of its own proposal (``entropy_alpha``): a head whose
-# effective support exp(H) fits in its budget keeps its top-k, a uniform one is sampled with correction.
+# Each head's exact fraction alpha_h follows the entropy of its own proposal (``entropy_alpha``): its sure units
+# and a share of the rest that grows as the rest's entropy falls towards log k are kept exactly (top-k), the rest
+# is sampled with correction (all of it for a flat rest).
 # pi_min-h under the global budget of prob_min_h, positions or blocks of 8; KeyDiff (its order, softmax-calibrated
 # to the window attention's entropy, as prob_keydiff_block8_priority_ent) and TOVA over blocks of 8 with the
 # per-head budget of RECOMMENDED. The rest is priority-sampled (exactly k_h per head). Each has a ``_nocorr`` twin.

@@ -199,6 +199,8 @@ def test_paired_tables_average_seeds_within_a_window_then_pair_over_windows():
     text = tables.markdown(df, {"split": "dev", "context_length": 8, "scored_tokens": 4, "commands": ["kvprob x"]})
     assert "dev split" in text and "6 windows of 3 essays" in text and "Command: `kvprob x`" in text
     assert "(6/6)" in text  # prob_min_h lower than snapkv on all 6 windows
+    lead = tables.leaders(tables.summary(df, refs)).set_index("kind")["press"].to_dict()
+    assert lead == {"top-k": "snapkv", "sampled, corrected": "prob_min_h", "sampled, uncorrected": "prob_min_h_nocorr"}
 
 
 def test_incomplete_windows_are_left_out_and_counted():

@@ -185,6 +185,54 @@ def _twin_table(t: pd.DataFrame) -> pd.DataFrame:
     return wide[sorted(wide.columns, key=lambda c: (not c.startswith("KL"), c))]
 
 
+def leaders(s: pd.DataFrame) -> pd.DataFrame:
+    """Per ratio, the lowest mean KL among the top-k presses, the corrected sampling presses and the
+    uncorrected ones (``_nocorr``), each with its KL ratio and paired difference to the reference. A
+    maximum over noisy means: on a development split this is a choice, not a result."""
+    rows = []
+    for ratio, part in s.groupby("compression_ratio"):
+        sampled = part["press"].map(_sampling)
+        kinds = {"top-k": part[~sampled], "sampled, corrected": part[sampled & ~part["press"].str.endswith(NOCORR)],
+                 "sampled, uncorrected": part[sampled & part["press"].str.endswith(NOCORR)]}
+        for kind, group in kinds.items():
+            if not group.empty:
+                rows.append(group.sort_values(["kl", "press"]).iloc[0].to_dict() | {"kind": kind})
+    return pd.DataFrame(rows)
+
+
+def _leader_table(lead: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({
+        "r": [f"{r:g}" for r in lead["compression_ratio"]], "kind": lead["kind"], "press": lead["press"],
+        "KL": [_ci(r.kl, r.kl_lo, r.kl_hi) for r in lead.itertuples()],
+        "KL / reference": [f"{_ci(r.kl_ratio, r.kl_ratio_lo, r.kl_ratio_hi, '{:.2f}')} ({r.reference})"
+                           for r in lead.itertuples()],
+        "ΔNLL": [_ci(r.nll_delta, r.nll_delta_lo, r.nll_delta_hi, signed=True) for r in lead.itertuples()],
+    }).set_index("r")
+
+
+def overview(s: pd.DataFrame, w: pd.DataFrame) -> pd.DataFrame:
+    """One row per press, best KL win score first: mean KL and KL / reference at each ratio, ΔNLL at
+    each ratio, the bytes held at the largest ratio, the win scores by KL and by ΔNLL."""
+    ratios = sorted(s["compression_ratio"].unique())
+    by = s.set_index(["press", "compression_ratio"])
+    rows = []
+    for r in w.itertuples():
+        row = {"press": r.press}
+        for ratio in ratios:
+            x = by.loc[(r.press, ratio)] if (r.press, ratio) in by.index else None
+            row[f"KL r={ratio:g}"] = "–" if x is None else f"{x['kl']:.4f}"
+            row[f"×ref r={ratio:g}"] = "–" if x is None else _ci(x["kl_ratio"], x["kl_ratio_lo"], x["kl_ratio_hi"], "{:.2f}")
+        for ratio in ratios:
+            x = by.loc[(r.press, ratio)] if (r.press, ratio) in by.index else None
+            row[f"ΔNLL r={ratio:g}"] = "–" if x is None else f"{x['nll_delta']:+.4f}"
+        last = by.loc[(r.press, ratios[-1])] if (r.press, ratios[-1]) in by.index else None
+        row[f"held r={ratios[-1]:g}"] = "–" if last is None else f"{last['held']:.3f}"
+        row["win KL (rank)"] = f"{r.kl_win_score:.3f} ({r.kl_rank})"
+        row["win ΔNLL (rank)"] = f"{r.nll_delta_win_score:.3f} ({r.nll_delta_rank})"
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("press")
+
+
 def markdown(df: pd.DataFrame, info: dict, reference: str | None = None) -> str:
     """The report: settings, per-ratio tables against the reference, twins, win scores."""
     df, dropped = complete_windows(prepare(df))
@@ -206,7 +254,13 @@ def markdown(df: pd.DataFrame, info: dict, reference: str | None = None) -> str:
              ""]
     for command in dict.fromkeys(info.get("commands") or []):
         lines.append(f"Command: `{command}`")
-    lines.append("")
+    lines += ["", "## Lowest KL of each kind (on this split: a choice, not a result)", "",
+              markdown_table(_leader_table(leaders(s))), ""]
+    ov = overview(s, wins(df))
+    ov.index.name = "press (by KL win score)"
+    refs_text = ", ".join(f"r = {r:g}: {p}" for r, p in refs.items())
+    lines += [f"## Overview (×ref: KL / the reference's KL, {refs_text}; win scores over essays × ratios)", "",
+              markdown_table(ov), ""]
     for ratio, part in s.groupby("compression_ratio"):
         ref = refs[ratio]
         how = "given" if reference else "the top-k press with the lowest mean KL here"
@@ -236,4 +290,4 @@ def write(paths, out: Path | None = None, reference: str | None = None) -> tuple
     return write_atomic(out / "report.md", text), text
 
 
-__all__ = ["load", "complete_windows", "prepare", "references", "summary", "twins", "wins", "markdown", "write"]
+__all__ = ["load", "complete_windows", "prepare", "references", "summary", "leaders", "overview", "twins", "wins", "markdown", "write"]
