@@ -8,6 +8,7 @@ import torch
 
 from kvpress_prob.budget import solve_threshold, threshold_inclusion
 from kvpress_prob.samplers.base import Draw, exact_top
+from kvpress_prob.samplers.poisson import summarise_scale
 from kvpress_prob.samplers.priority import priority_draw
 from kvpress_prob.samplers.threshold import ThresholdSampler, threshold_draw
 
@@ -52,7 +53,8 @@ class StratifiedSampler(ThresholdSampler):
         n = pi.shape[-1]
         pi = pi.double()
         allocation = self.allocation(pi, compression_ratio, scope)  # (L, b, H): kept units per head
-        exact = torch.round(self.alpha * allocation).long()  # (L, b, H)
+        alpha = self.exact_fraction(pi, allocation)  # (L, b, H), in [0, 1]
+        exact = torch.round(alpha * allocation).long()  # (L, b, H)
         top, rest = exact_top(pi, exact)  # rest (L, b, H, n): 0 on the exact stratum
         target = (allocation - exact).clamp_min(0)  # (L, b, H)
         if self.design == "priority":
@@ -64,4 +66,9 @@ class StratifiedSampler(ThresholdSampler):
         keep = top | sampled
         log_weight = torch.where(top, 0.0, torch.where(sampled, log_w, float("-inf")))
         return Draw(keep=keep, log_weight=log_weight.float(),
-                    stats={"exact_per_head": exact[:, 0].tolist(), "alpha": self.alpha})
+                    stats={"exact_per_head": exact[:, 0].tolist(), "alpha": summarise_scale(alpha)})
+
+    def exact_fraction(self, pi: torch.Tensor, allocation: torch.Tensor) -> torch.Tensor:
+        """The fraction (L, b, H) of each head's allocation kept exactly: ``alpha`` for every head. A
+        subclass may set it per head from pi (L, b, H, n) and the allocation (L, b, H); 1 is top-k."""
+        return torch.full_like(allocation, self.alpha)
