@@ -45,7 +45,7 @@ from transformers.cache_utils import DynamicLayer
 
 from kvpress_prob import SamplingPress, correction
 from kvpress_prob.press import language_model
-from kvpress_prob.registry import EagerObservedAttentionPress
+from kvpress_prob.h2o import EagerObservedAttentionPress
 from kvpress_prob.spans import SpanPress
 
 
