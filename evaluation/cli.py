@@ -6,7 +6,7 @@
     kvprob report --results results/x
     kvprob reproduce --preset cpu-quick
     kvprob demo                  # cpu-quick computed afresh into results/demo, next to results/cpu-quick
-    kvprob presses               # every registry name, one line each
+    kvprob presses               # the presses by origin and family (--all: every name; NAME: one)
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from evaluation.assets import require_embedded_model
 from evaluation.datasets import load_dataset_frame
 from evaluation.datasets.ruler import OFFLINE_TASKS
 from evaluation.presets import DEMO_OUT, DEMO_REFERENCE, PAPER_METHODS, PRESETS, default_out  # noqa: F401
-from kvpress_prob.registry import PRESSES
+from kvpress_prob.registry import PRESSES, factory
 
 EMBEDDED_ALIASES = (None, "", "embedded")
 
@@ -87,9 +87,11 @@ def cmd_run(args) -> Path:
     from evaluation.runner import configurations, run
     from evaluation.store import ResultStore
 
-    unknown = [p for p in args.presses if p not in PRESSES]
-    if unknown:
-        sys.exit(f"unknown press(es) {unknown}; valid: {', '.join(sorted(PRESSES))}")
+    for name in args.presses:
+        try:
+            factory(name)
+        except ValueError as error:
+            sys.exit(f"kvprob run: {error}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     configs = configurations(args.presses, args.ratios, args.seeds)
@@ -208,11 +210,15 @@ def cmd_demo(args) -> None:
 
 
 def cmd_presses(args) -> None:
-    from evaluation.press_info import press_lines
+    from evaluation.press_info import family_table, press_detail
 
-    print("\n".join(press_lines()))
-    print(f"\n{len(PRESSES)} presses. get_press(name, compression_ratio, **fields) builds one; "
-          "kvprob run --presses takes these names.")
+    if args.name:
+        try:
+            print("\n".join(press_detail(args.name)))
+        except ValueError as error:
+            sys.exit(f"kvprob presses: {error}")
+    else:
+        print("\n".join(family_table(every=args.all)))
 
 
 def cmd_bench(args, rest) -> None:
@@ -353,7 +359,9 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--no-reference", action="store_true", help="do not compare")
     d.add_argument("--decode-batch", type=_positive_int("--decode-batch"), default=16, help=DECODE_BATCH_HELP)
 
-    add("presses", "list every registry press, one line each")
+    ps = add("presses", "the registered presses by origin and family, with their status")
+    ps.add_argument("name", nargs="?", default=None, help="one press: its parts, settings and status")
+    ps.add_argument("--all", action="store_true", help="every registered name, with its status and finding")
 
     sub.add_parser("bench", help="measurements: kvprob bench {speed,budget,oracle,fidelity} --help", add_help=False)
     return p
