@@ -22,12 +22,28 @@ def subparsers() -> dict[str, argparse.ArgumentParser]:
     return dict(action.choices)
 
 
-def test_presses_lists_every_registry_name_once(capsys):
+def test_presses_fits_one_screen_grouped_by_origin_and_family(capsys):
+    from kvpress_prob.catalogue import FAMILIES
+
     cli.main(["presses"])
     lines = capsys.readouterr().out.splitlines()
-    listed = [line.split()[0] for line in lines[: len(PRESSES)]]
-    assert listed == list(PRESSES)
-    assert all(len(line.split(maxsplit=1)) == 2 for line in lines[: len(PRESSES)])  # name + description
+    assert len(lines) <= 60 and max(map(len, lines)) <= 150
+    heads = [line.split("  ")[0].strip() for line in lines if line and not line.startswith((" ", "=", "recomm"))]
+    assert [h for h in heads if h in FAMILIES] == list(FAMILIES)  # every family, once, in order
+    assert sum(line.startswith("== ") for line in lines) == 3  # kvpress, paper, ours
+
+
+def test_presses_all_lists_every_name_once_and_one_name_its_status(capsys):
+    cli.main(["presses", "--all"])
+    out = capsys.readouterr().out
+    table = out.split("\nrecommended:")[0].splitlines()
+    listed = [line.split()[0] for line in table if line.startswith("    ") and line.split()[0] in PRESSES]
+    assert sorted(listed) == sorted(PRESSES)
+    cli.main(["presses", "prob_tova_block8"])
+    out = capsys.readouterr().out
+    assert "unit block8, design threshold" in out and "status:  rejected: a random block count" in out
+    with pytest.raises(SystemExit, match="unknown part"):
+        cli.main(["presses", "prob_tova_blok8"])
 
 
 def test_press_descriptions_come_from_the_press_objects():

@@ -1,0 +1,105 @@
+"""The registry as a grid: every name of the registry at main a1ed234 builds an equal press (the
+snapshot in tests/data, written by tests/registry_snapshot.py from that commit's code), names parse
+back into their parts, wrong parts are refused with the valid ones, and every entry has an origin
+and a status with its finding."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from registry_snapshot import DATA, RATIOS, tree
+
+from kvpress_prob.catalogue import FAMILIES, STATUS
+from kvpress_prob.grid import Parts, build, parse_name, press_name
+from kvpress_prob.press import SamplingPress
+from kvpress_prob.registry import CATALOGUE, PRESSES, RECOMMENDED, get_press, is_sampling
+from kvpress_prob.samplers.block import BlockSampler
+from kvpress_prob.samplers.priority import PrioritySampler
+
+ROOT = Path(__file__).resolve().parent.parent
+SNAPSHOT = json.loads((DATA / "registry-a1ed234.json").read_text())
+#: Names of the snapshot no longer registered, each with its reason (none removed yet).
+REMOVED: dict[str, str] = {}
+#: Classes that moved module since the snapshot: old path -> new path.
+MOVED = {"kvpress_prob.registry.EagerObservedAttentionPress": "kvpress_prob.h2o.EagerObservedAttentionPress"}
+
+
+def moved(node):
+    if isinstance(node, dict):
+        return {k: (MOVED.get(v, v) if k == "class" else moved(v)) for k, v in node.items()}
+    return [moved(x) for x in node] if isinstance(node, list) else node
+
+
+def test_every_snapshot_name_builds_an_equal_press():
+    assert set(SNAPSHOT) - set(REMOVED) <= set(PRESSES), sorted(set(SNAPSHOT) - set(REMOVED) - set(PRESSES))
+    assert set(PRESSES) - set(SNAPSHOT) == set(), "a new name: add it to the snapshot's successor"
+    for name in sorted(set(SNAPSHOT) - set(REMOVED)):
+        for r in RATIOS:
+            assert json.loads(json.dumps(tree(get_press(name, r)))) == moved(SNAPSHOT[name][str(r)]), (name, r)
+
+
+def test_names_parse_back_into_their_parts():
+    for name, entry in CATALOGUE.items():
+        assert parse_name(name) == entry.parts and press_name(entry.parts) == name
+    # written by hand, not by the grid
+    assert parse_name("prob_tova_block8_priority") == Parts("prob", "tova", "block8", "priority", ())
+    assert parse_name("prob_tova_block8") == Parts("prob", "tova", "block8", "threshold", ())
+    assert parse_name("prob_min_h_s256") == Parts("prob", "min_h_s256", "token", "poisson", ())
+    assert parse_name("prob_min_h_strata_nocorr") == Parts("prob", "min_h", "token", "poisson", ("strata", "nocorr"))
+    assert parse_name("hybrid_keydiff_block8_a75_global_sum4") == Parts(
+        "hybrid", "keydiff", "block8", "stratified", ("a75", "global", "sum4"))
+    assert parse_name("expected_attention_adaptive") == Parts("adaptive", "expected_attention", "token", "topk", ())
+    assert parse_name("keydiff_sum16_tau0.5") == Parts("kvpress", "keydiff", "token", "topk", ("sum16", "tau0.5"))
+    assert parse_name("topk_tova_span8_nowiden") == Parts("topk", "tova", "span8", "topk", ("nowiden",))
+
+
+@pytest.mark.parametrize("name, wrong", [
+    ("prob_nope", "no proposal"),
+    ("prob_tova_blok8", r"unknown part\(s\) \['blok8'\]"),
+    ("hybrid_keydiff_block8", "a<percent>"),
+    ("adakv_expected_attention", "already runs under AdaKV"),
+    ("prob_tova_poisson", "is the default"),
+    ("prob_tova_block8_priority_head", "repeats the default"),
+    ("prob_tova_threshold_strata", "applies to the poisson design"),
+    ("prob_tova_nocorr_s4", "out of order"),
+    ("prob_tova_span8", "span units take the priority design"),
+    ("prob_min_h_rank", "calibrate one kvpress scorer"),
+    ("h2o_adaptive", "no scorer"),
+    ("keydiff_block8", "keeps tokens"),
+])
+def test_a_wrong_part_is_refused_with_the_valid_parts(name, wrong):
+    with pytest.raises(ValueError, match=wrong) as error:
+        get_press(name, 0.5)
+    assert "Valid parts: families" in str(error.value) and "block<k>" in str(error.value)
+
+
+def test_an_unregistered_valid_name_builds_what_it_says():
+    assert "prob_lagkv_block8_priority" not in PRESSES
+    press = get_press("prob_lagkv_block8_priority", 0.3, seed=2)
+    assert isinstance(press, SamplingPress) and press.budget == "head" and press.seed == 2
+    assert type(press.proposal.scorer).__name__ == "LagKVPress"
+    assert isinstance(press.sampler, BlockSampler) and press.sampler.size == 8
+    assert isinstance(press.sampler.inner, PrioritySampler) and press.compression_ratio == 0.3
+    assert is_sampling("prob_lagkv_block8_priority") and not is_sampling("topk_lagkv_block16")
+    assert build(parse_name("topk_lagkv_block16"), 0.5).sampler.size == 16
+
+
+def slug(heading: str) -> str:
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_entry_has_an_origin_a_status_and_a_finding_in_the_docs():
+    statuses = {"recommended", "measured", "rejected", "unmeasured"}
+    for entry in CATALOGUE.values():
+        assert entry.origin in ("kvpress", "paper", "ours") and entry.status in statuses, entry
+        assert entry.finding and entry.family in FAMILIES, entry
+    assert set(STATUS) <= set(CATALOGUE), sorted(set(STATUS) - set(CATALOGUE))
+    assert CATALOGUE[RECOMMENDED].status == "recommended"
+    assert {e.origin for e in CATALOGUE.values() if e.name.startswith(("snapkv", "adakv_"))} == {"kvpress"}
+    assert CATALOGUE["prob_min_h"].origin == "paper" and CATALOGUE["prob_min_h_ht"].origin == "ours"
+    for family in FAMILIES.values():  # each family's finding points at a docs section that exists
+        path, _, anchor = family.docs.partition("#")
+        text = (ROOT / path).read_text()
+        anchors = {slug(h) for h in re.findall(r"^#+ (.+)$", text, re.M)}
+        assert not anchor or anchor in anchors, (family.name, family.docs)
