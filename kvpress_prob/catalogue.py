@@ -41,7 +41,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            "does not reproduce the paper's ranking here: prob_min_h 4.2 vs tova 20.8 at r = 0.5 (66 examples)",
            "docs/findings.md#the-papers-ruler-sweep-on-the-embedded-model"),
     Family("ours", "proposals and draws", "prob_<proposal>_<c|shared|w<k>|strata|coord|ht>", "ours", "measured",
-           "on one 2k needle only (results/registry-niah-2k)", "docs/presses.md#proposals-and-draws"),
+           "on one 2k needle only (results/registry-niah-2k)", "docs/presses.md#beyond-the-paper-origin-ours"),
     Family("ours", "designs", "prob_<proposal>_<threshold|priority>[_s<k>][_floor][_head]",
            "threshold (pi-ps) and priority sampling (Duffield et al. 2007)", "rejected",
            "tokens sampled one by one lose multi-token needles (prob_tova_threshold 16.7 at r = 0.5, 6 dev ex)",

@@ -1,4 +1,4 @@
-"""README.md and docs/*.md against the repository: every command parses, every path and test exists.
+"""README.md, every docs/*.md page and results/README.md against the repository: every command parses, every path and test exists.
 
 What is read:
 - command lines: the lines of ```bash / ```sh / ```shell blocks (a trailing backslash continues a line,
@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "results" / "README.md"]
 TOP = ("results/", "tests/", "docs/", "evaluation/", "kvpress_prob/")
 TOP_FILES = ("README.md", "Makefile", "pyproject.toml", "LICENSE")
 IGNORED = ("results/demo",)  # git-ignored outputs of `make demo`
