@@ -1,8 +1,9 @@
-"""One-line descriptions of the registry presses, derived from the press objects themselves.
+"""What ``kvprob presses`` prints: the registry's families by origin (``family_table``), one press
+(``press_detail``), and one-line descriptions derived from the press objects themselves.
 
 Nothing here is a second list of presses: ``describe(name)`` builds the press with
 ``kvpress_prob.registry.get_press`` and reads its class, its docstring and the dataclass fields
-that differ from their defaults, so a press added to the registry is described without edits here.
+that differ from their defaults; families, statuses and findings come from ``kvpress_prob.catalogue``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import dataclasses
 import re
 import textwrap
 
-from kvpress_prob.registry import PRESSES, get_press
+from kvpress_prob.registry import get_press
 
 _SKIP_FIELDS = {"compression_ratio"}  # the sweep variable, not part of what a name means
 
@@ -90,12 +91,6 @@ def describe(name: str) -> str:
         if inner is not None and dataclasses.is_dataclass(inner):
             what += " Scores: " + first_sentence(type(inner))
     return f"{spec(press)}: {what}"
-
-
-def press_lines() -> list[str]:
-    """``name  description`` for every registry press, in registry order, names aligned."""
-    width = max(map(len, PRESSES))
-    return [f"{name:<{width}}  {describe(name)}" for name in PRESSES]
 
 
 def _grouped() -> dict[tuple[str, str], list]:
