@@ -227,6 +227,8 @@ def check(parts: Parts, name: str | None = None) -> None:
         _refuse(name, "nowiden applies to span units")
     if {"rank", "ent"} <= set(keys) or (({"rank", "ent"} & set(keys)) and parts.proposal not in SCORERS):
         _refuse(name, "rank / ent calibrate one kvpress scorer's scores")
+    if "sum" in keys and (family == "adakv" or KVPRESS_WRAPPED.get(parts.proposal) and family == "kvpress"):
+        _refuse(name, "a summary wraps a kvpress scorer or a sampling press, not AdaKV")
     budget = [k for k in keys if k in ("head", "global")]
     if budget and (len(budget) > 1 or budget[0] == default_budget(parts)):
         _refuse(name, f"budget option {budget} repeats the default {default_budget(parts)!r} or conflicts")

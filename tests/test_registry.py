@@ -67,6 +67,7 @@ def test_names_parse_back_into_their_parts():
     ("prob_min_h_rank", "calibrate one kvpress scorer"),
     ("h2o_adaptive", "no scorer"),
     ("keydiff_block8", "keeps tokens"),
+    ("adakv_tova_sum4", "not AdaKV"),
 ])
 def test_a_wrong_part_is_refused_with_the_valid_parts(name, wrong):
     with pytest.raises(ValueError, match=wrong) as error:
