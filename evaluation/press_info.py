@@ -141,7 +141,7 @@ def press_detail(name: str) -> list[str]:
     """``kvprob presses NAME``: the name's parts, its construction and its status line."""
     from kvpress_prob.catalogue import FAMILIES, family_of
     from kvpress_prob.grid import parse_name
-    from kvpress_prob.registry import CATALOGUE
+    from kvpress_prob.registry import CATALOGUE, PRESSES
 
     entry = CATALOGUE.get(name)
     parts = entry.parts if entry else parse_name(name)
@@ -151,7 +151,8 @@ def press_detail(name: str) -> list[str]:
         opts = ", ".join(parts.options) or "none"
         lines.append(f"  parts:   family {parts.family}, proposal {parts.proposal}, unit {parts.unit}, "
                      f"design {parts.design}, options {opts}")
-    lines += [f"  press:   {describe(name)}",
+    built = describe(name) if name in PRESSES or entry is None else "built by its own factory, not get_press"
+    lines += [f"  press:   {built}",
               f"  origin:  {family.origin}, family {family.name} ({family.paper})"]
     if entry:
         lines.append(f"  status:  {entry.status}: {entry.finding} ({entry.docs})")

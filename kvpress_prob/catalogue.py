@@ -8,7 +8,9 @@ split = data seed 0, test split = data seed 1). A family's status applies to its
 ``STATUS`` names one.
 
 Adding a family: one ``Family`` row, its grid points in ``REGISTERED``, a rule in ``family_of``; a
-family of presses outside the grammar (a dict name -> factory) goes in ``NAMED``.
+family of presses outside the grammar (a dict name -> factory) goes in ``NAMED``, e.g. for the
+decoding presses: ``NAMED.update({n: (None, "ours", "decoding") for n in DECODING_PRESSES})`` and a
+``Family("ours", "decoding", ...)`` row.
 """
 
 from __future__ import annotations
@@ -129,8 +131,10 @@ REGISTERED: list[Parts] = [
     *grid("hybrid", ["keydiff"], units=["block8"], options=[("a75", "sum4"), ("a75", "global", "sum4")]),
 ]
 
-#: Presses outside the grammar: name -> (factory of the compression ratio, origin, family). Empty today.
-NAMED: dict[str, tuple[Callable, str, str]] = {}
+#: Presses outside the grammar: name -> (factory of the compression ratio, or None for a press built
+#: elsewhere and only listed here, e.g. a decoding press built by ``get_decoding_press(name, target_size,
+#: compression_interval)``; origin; family). Empty today.
+NAMED: dict[str, tuple[Callable | None, str, str]] = {}
 
 _UNMEASURED = "registered, never decoded (its sweep was stopped for compute)"
 _EARLY = "rejected early: 1-2 development examples (results/dev/compare.md)"

@@ -59,8 +59,9 @@ def _where(**wanted) -> dict[str, Callable[[float], BasePress]]:
             if all(getattr(entry.parts, key, None) == value for key, value in wanted.items())}
 
 
-#: name -> factory of the compression ratio, for every registered press.
-PRESSES: dict[str, Callable[[float], BasePress]] = {name: _factory(name) for name in CATALOGUE}
+#: name -> factory of the compression ratio, for every registered press (not those only listed in NAMED).
+PRESSES: dict[str, Callable[[float], BasePress]] = {
+    name: _factory(name) for name in CATALOGUE if name not in NAMED or NAMED[name][0] is not None}
 #: The paper's top-k baselines (kvpress).
 BASELINES = {name: PRESSES[name] for name in ("streaming_llm", "snapkv", "tova", "h2o", "knorm")}
 #: Stronger kvpress top-k baselines that run offline on a CPU.
