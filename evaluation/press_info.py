@@ -149,7 +149,7 @@ def press_detail(name: str) -> list[str]:
     lines = [name]
     if parts is not None:
         opts = ", ".join(parts.options) or "none"
-        lines.append(f"  parts:   family {parts.family}, proposal {parts.proposal}, unit {parts.unit}, "
+        lines.append(f"  parts:   kind {parts.kind}, proposal {parts.proposal}, unit {parts.unit}, "
                      f"design {parts.design}, options {opts}")
     built = describe(name) if name in PRESSES or entry is None else "built by its own factory, not get_press"
     lines += [f"  press:   {built}",

@@ -81,11 +81,11 @@ def family_of(parts: Parts) -> str:
         return "spans"
     if keys & {"rank", "ent"}:
         return "calibrated"
-    if parts.family in ("kvpress", "adakv"):
-        return {"kvpress": "top-k", "adakv": "AdaKV"}[parts.family]
-    if parts.family in ("adaptive", "hybrid"):
-        return {"adaptive": "adaptive", "hybrid": "hybrids"}[parts.family]
-    if parts.family == "topk":
+    if parts.kind in ("kvpress", "adakv"):
+        return {"kvpress": "top-k", "adakv": "AdaKV"}[parts.kind]
+    if parts.kind in ("adaptive", "hybrid"):
+        return {"adaptive": "adaptive", "hybrid": "hybrids"}[parts.kind]
+    if parts.kind == "topk":
         return "top-k twins"
     if parts.unit.startswith("block"):
         return "blocks"

@@ -1,7 +1,7 @@
-"""Press names as a grid: ``Parts(family, proposal, unit, design, options)`` <-> a name <-> a press.
+"""Press names as a grid: ``Parts(kind, proposal, unit, design, options)`` <-> a name <-> a press.
 
 A name is written ``[prefix_]<proposal>[_<unit>][_<design>][_<option>...]`` (``press_name``), read
-back by ``parse_name`` and built by ``build``. The families and their prefixes:
+back by ``parse_name`` and built by ``build``. The kinds of name and their prefixes:
 
 - ``kvpress``: kvpress's own top-k press over a scorer, named by the scorer (``snapkv``, ``h2o``);
   ``adakv``: kvpress's ``AdaKVPress`` around it (``adakv_tova``). kvpress's evaluation runs
@@ -65,17 +65,17 @@ PROPOSALS: dict[str, Callable[[], Proposal]] = {
     "min_h_s256": lambda: SampledMinVarianceProposal(query_rows=256),  # 256 sampled query rows, O(s n)
 }
 
-FAMILIES = ("kvpress", "adakv", "prob", "topk", "adaptive", "hybrid")
+KINDS = ("kvpress", "adakv", "prob", "topk", "adaptive", "hybrid")
 PREFIXES = {"adakv": "adakv_", "prob": "prob_", "topk": "topk_", "hybrid": "hybrid_"}
 #: kvpress's wrapper that a scorer's kvpress name already carries (kvpress's own evaluation registry).
 KVPRESS_WRAPPED = {"expected_attention": "adakv"}
 
-#: Designs of each family: the first is written nowhere (the family's or the unit's default).
+#: Designs of each kind: the first is written nowhere (the kind's or the unit's default).
 DESIGNS = {"prob": ("poisson", "threshold", "priority"), "topk": ("topk",), "adaptive": ("topk",),
            "hybrid": ("stratified",), "kvpress": ("topk",), "adakv": ("topk",)}
 UNIT = re.compile(r"^(token|block(\d+)|span(\d+))$")
 
-#: Options in the order they are written: (pattern, what it sets, which families may use it).
+#: Options in the order they are written: (pattern, what it sets, which kinds may use it).
 OPTIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "c": (r"c", "proposal centred=True (pi_min of |v_i - o|)", ("prob",)),
     "shared": (r"shared", "proposal head_shared=True (one proposal per layer)", ("prob",)),
@@ -93,18 +93,18 @@ OPTIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "head": (r"head", "budget='head' (one budget per head)", ("prob", "topk", "hybrid")),
     "global": (r"global", "budget='global' (one budget for the model)", ("prob", "topk", "hybrid")),
     "nocorr": (r"nocorr", "correct=False: the same kept set, no SNIS correction", ("prob", "topk", "hybrid")),
-    "sum": (r"sum(\d+)", "summary n_virtual=<c>: c virtual entries per KV head, charged to the budget", FAMILIES),
-    "seg": (r"seg", "summary grouping='segments' (position segments, not k-means)", FAMILIES),
-    "tau": (r"tau(\d+(?:\.\d+)?)", "summary weight=<tau>: log-weight log(tau count)", FAMILIES),
+    "sum": (r"sum(\d+)", "summary n_virtual=<c>: c virtual entries per KV head, charged to the budget", KINDS),
+    "seg": (r"seg", "summary grouping='segments' (position segments, not k-means)", KINDS),
+    "tau": (r"tau(\d+(?:\.\d+)?)", "summary weight=<tau>: log-weight log(tau count)", KINDS),
 }
 _ORDER = list(OPTIONS)
 
 
 @dataclass(frozen=True)
 class Parts:
-    """What a name says: its family, proposal (or scorer), unit, design and options (in ``OPTIONS`` order)."""
+    """What a name says: its kind, proposal (or scorer), unit, design and options (in ``OPTIONS`` order)."""
 
-    family: str
+    kind: str
     proposal: str
     unit: str = "token"
     design: str = ""
@@ -112,19 +112,19 @@ class Parts:
 
     def __post_init__(self):
         if not self.design:
-            object.__setattr__(self, "design", default_design(self.family, self.unit))
+            object.__setattr__(self, "design", default_design(self.kind, self.unit))
 
 
-def default_design(family: str, unit: str) -> str:
-    if family == "prob" and unit.startswith("block"):
+def default_design(kind: str, unit: str) -> str:
+    if kind == "prob" and unit.startswith("block"):
         return "threshold"  # BlockSampler's default inner design
-    if family == "prob" and unit.startswith("span"):
+    if kind == "prob" and unit.startswith("span"):
         return ""  # written: priority or topk
-    return DESIGNS.get(family, ("",))[0]
+    return DESIGNS.get(kind, ("",))[0]
 
 
 def default_budget(parts: Parts) -> str:
-    if parts.family == "adaptive":
+    if parts.kind == "adaptive":
         return "layer"
     whole_units = parts.unit != "token" and parts.design in ("priority", "topk", "stratified")
     return "head" if whole_units or parts.unit.startswith("span") else "global"
@@ -138,7 +138,7 @@ def _option_key(token: str) -> str | None:
 
 
 def _valid_parts() -> str:
-    return (f"families {list(FAMILIES)} (prefixes {PREFIXES}; adaptive: <scorer>_adaptive; kvpress: the "
+    return (f"kinds {list(KINDS)} (prefixes {PREFIXES}; adaptive: <scorer>_adaptive; kvpress: the "
             f"scorer's name or h2o); scorers {list(SCORERS)}; proposals {list(PROPOSALS)}; units token, "
             f"block<k>, span<k>; designs {DESIGNS['prob']} (prob); options, in this order: "
             + ", ".join(_shown(OPTIONS[k][0]) for k in _ORDER))
@@ -154,16 +154,16 @@ def _refuse(name: str, why: str):
 
 def press_name(parts: Parts) -> str:
     """The one name of ``parts`` (defaults left unwritten)."""
-    if parts.family == "kvpress":
+    if parts.kind == "kvpress":
         head = parts.proposal
-    elif parts.family == "adaptive":
+    elif parts.kind == "adaptive":
         head = f"{parts.proposal}_adaptive"
     else:
-        head = PREFIXES[parts.family] + parts.proposal
+        head = PREFIXES[parts.kind] + parts.proposal
     words = [head]
     if parts.unit != "token":
         words.append(parts.unit)
-    if parts.design != default_design(parts.family, parts.unit):
+    if parts.design != default_design(parts.kind, parts.unit):
         words.append(parts.design)
     return "_".join(words + list(parts.options))
 
@@ -171,33 +171,33 @@ def press_name(parts: Parts) -> str:
 def parse_name(name: str) -> Parts:
     """The parts of a press name; a ``ValueError`` naming the wrong part and listing the valid ones."""
     words = name.split("_")
-    family = next((f for f, p in PREFIXES.items() if name.startswith(p)), None)
-    if family is not None:
+    kind = next((f for f, p in PREFIXES.items() if name.startswith(p)), None)
+    if kind is not None:
         words = words[1:]
     elif "adaptive" in words[1:]:
-        family = "adaptive"
+        kind = "adaptive"
     else:
-        family = "kvpress"
-    names = {"kvpress": [*SCORERS, "h2o"], "adakv": list(SCORERS), "adaptive": list(SCORERS)}.get(family, PROPOSALS)
+        kind = "kvpress"
+    names = {"kvpress": [*SCORERS, "h2o"], "adakv": list(SCORERS), "adaptive": list(SCORERS)}.get(kind, PROPOSALS)
     proposal = max((p for p in names if words[: p.count("_") + 1] == p.split("_")), key=len, default=None)
     if proposal is None:
         _refuse(name, f"{'_'.join(words)!r} starts with no {'scorer' if names is not PROPOSALS else 'proposal'} "
-                      f"of family {family!r}")
+                      f"of kind {kind!r}")
     tail = words[proposal.count("_") + 1:]
-    if family == "adaptive":
+    if kind == "adaptive":
         if tail[:1] != ["adaptive"]:
             _refuse(name, "an adaptive press is named <scorer>_adaptive")
         tail = tail[1:]
     unit = tail.pop(0) if tail and UNIT.match(tail[0]) and tail[0] != "token" else "token"
     design = ""
-    if tail and tail[0] in DESIGNS[family]:
+    if tail and tail[0] in DESIGNS[kind]:
         design = tail.pop(0)
-        if design == default_design(family, unit):
-            _refuse(name, f"design {design!r} is the default of family {family!r} on {unit!r}: leave it out")
+        if design == default_design(kind, unit):
+            _refuse(name, f"design {design!r} is the default of kind {kind!r} on {unit!r}: leave it out")
     unknown = [w for w in tail if _option_key(w) is None]
     if unknown:
         _refuse(name, f"unknown part(s) {unknown} after {proposal!r}")
-    parts = Parts(family, proposal, unit, design, tuple(tail))
+    parts = Parts(kind, proposal, unit, design, tuple(tail))
     check(parts, name)
     return parts
 
@@ -205,29 +205,29 @@ def parse_name(name: str) -> Parts:
 def check(parts: Parts, name: str | None = None) -> None:
     """Refuse parts that name no press, or a press that another name already names."""
     name = name or press_name(parts)
-    family, keys = parts.family, [_option_key(o) for o in parts.options]
+    kind, keys = parts.kind, [_option_key(o) for o in parts.options]
     if None in keys:
         _refuse(name, f"unknown option in {list(parts.options)}")
     if keys != sorted(keys, key=_ORDER.index) or len(set(keys)) != len(keys):
         _refuse(name, f"options {list(parts.options)} out of order or repeated")
     for option, key in zip(parts.options, keys):
-        if family not in OPTIONS[key][2]:
-            _refuse(name, f"option {option!r} does not apply to family {family!r}")
-    if family in ("kvpress", "adakv", "adaptive") and parts.unit != "token":
-        _refuse(name, f"family {family!r} keeps tokens, not {parts.unit!r}")
-    if family == "adakv" and KVPRESS_WRAPPED.get(parts.proposal) == "adakv":
+        if kind not in OPTIONS[key][2]:
+            _refuse(name, f"option {option!r} does not apply to kind {kind!r}")
+    if kind in ("kvpress", "adakv", "adaptive") and parts.unit != "token":
+        _refuse(name, f"kind {kind!r} keeps tokens, not {parts.unit!r}")
+    if kind == "adakv" and KVPRESS_WRAPPED.get(parts.proposal) == "adakv":
         _refuse(name, f"{parts.proposal!r} already runs under AdaKV")
-    if family == "hybrid" and (not parts.unit.startswith("block") or "a" not in keys):
+    if kind == "hybrid" and (not parts.unit.startswith("block") or "a" not in keys):
         _refuse(name, "a hybrid needs a block unit and an a<percent> option")
     if parts.unit.startswith("span") and parts.design not in ("priority", "topk"):
-        _refuse(name, "span units take the priority design (written) or the topk family")
-    if parts.design not in DESIGNS[family]:
-        _refuse(name, f"design {parts.design!r} is not one of family {family!r}: {DESIGNS[family]}")
+        _refuse(name, "span units take the priority design (written) or the topk kind")
+    if parts.design not in DESIGNS[kind]:
+        _refuse(name, f"design {parts.design!r} is not one of kind {kind!r}: {DESIGNS[kind]}")
     if "nowiden" in keys and not parts.unit.startswith("span"):
         _refuse(name, "nowiden applies to span units")
     if {"rank", "ent"} <= set(keys) or (({"rank", "ent"} & set(keys)) and parts.proposal not in SCORERS):
         _refuse(name, "rank / ent calibrate one kvpress scorer's scores")
-    if "sum" in keys and (family == "adakv" or KVPRESS_WRAPPED.get(parts.proposal) and family == "kvpress"):
+    if "sum" in keys and (kind == "adakv" or KVPRESS_WRAPPED.get(parts.proposal) and kind == "kvpress"):
         _refuse(name, "a summary wraps a kvpress scorer or a sampling press, not AdaKV")
     budget = [k for k in keys if k in ("head", "global")]
     if budget and (len(budget) > 1 or budget[0] == default_budget(parts)):
@@ -280,16 +280,16 @@ def build(parts: Parts, compression_ratio: float) -> BasePress:
     """The press that ``parts`` name, at ``compression_ratio``."""
     check(parts)
     r = compression_ratio
-    if parts.family in ("kvpress", "adakv"):
+    if parts.kind in ("kvpress", "adakv"):
         if parts.proposal == "h2o":
             press = EagerObservedAttentionPress(compression_ratio=r)
         else:
             press = SCORERS[parts.proposal](compression_ratio=r)
-        if parts.family == "adakv" or KVPRESS_WRAPPED.get(parts.proposal) == "adakv":
+        if parts.kind == "adakv" or KVPRESS_WRAPPED.get(parts.proposal) == "adakv":
             press = AdaKVPress(press=press)
     else:
         kwargs = {"compression_ratio": r}
-        if parts.family == "adaptive":
+        if parts.kind == "adaptive":
             kwargs["budget"] = "layer"
         elif (budget := _value(parts, "head") or _value(parts, "global") or default_budget(parts)) != "global":
             kwargs["budget"] = budget
@@ -314,6 +314,6 @@ def build(parts: Parts, compression_ratio: float) -> BasePress:
     return press
 
 
-def grid(family: str, proposals, units=("token",), designs=("",), options=((),)) -> list[Parts]:
+def grid(kind: str, proposals, units=("token",), designs=("",), options=((),)) -> list[Parts]:
     """Every combination of the given parts, in order (each ``options`` item is a tuple of option words)."""
-    return [Parts(family, p, u, d, tuple(o)) for p in proposals for u in units for d in designs for o in options]
+    return [Parts(kind, p, u, d, tuple(o)) for p in proposals for u in units for d in designs for o in options]

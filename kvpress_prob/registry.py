@@ -1,6 +1,6 @@
 """Named presses: ``get_press(name, compression_ratio, **overrides)``.
 
-Names are points of a grid, (family × proposal × unit × design × options), written, read back and
+Names are points of a grid, (kind × proposal × unit × design × options), written, read back and
 built by ``kvpress_prob.grid``; ``kvpress_prob.catalogue`` says which points are registered, with
 their origin (kvpress / paper / ours) and status (recommended / measured / rejected / unmeasured) and
 the finding behind it. ``kvprob presses`` prints them. ``PRESSES`` maps every registered name to
@@ -68,9 +68,9 @@ BASELINES = {name: PRESSES[name] for name in ("streaming_llm", "snapkv", "tova",
 STRONGER = {name: PRESSES[name] for name in ("expected_attention", "keydiff", "lagkv", "adakv_tova",
                                               "adakv_knorm", "adakv_keydiff", "adakv_lagkv")}
 #: Head-adaptive top-k that frees memory (``<scorer>_adaptive``, one budget per layer).
-ADAPTIVE = _where(family="adaptive")
+ADAPTIVE = _where(kind="adaptive")
 #: Stratified hybrids over blocks (``hybrid_*``).
-HYBRIDS = {name: f for name, f in _where(family="hybrid").items() if CATALOGUE[name].family == "hybrids"}
+HYBRIDS = {name: f for name, f in _where(kind="hybrid").items() if CATALOGUE[name].family == "hybrids"}
 #: Evicted-set summaries (``*_sum<c>``).
 SUMMARIES = {name: PRESSES[name] for name, entry in CATALOGUE.items() if entry.family == "summaries"}
 

@@ -41,7 +41,7 @@ def test_presses_all_lists_every_name_once_and_one_name_its_status(capsys):
     assert sorted(listed) == sorted(PRESSES)
     cli.main(["presses", "prob_tova_block8"])
     out = capsys.readouterr().out
-    assert "unit block8, design threshold" in out and "status:  rejected: a random block count" in out
+    assert "kind prob, proposal tova, unit block8, design threshold" in out and "status:  rejected: a random block count" in out
     with pytest.raises(SystemExit, match="unknown part"):
         cli.main(["presses", "prob_tova_blok8"])
 

@@ -84,7 +84,7 @@ def test_names_parse_back_into_their_parts():
 def test_a_wrong_part_is_refused_with_the_valid_parts(name, wrong):
     with pytest.raises(ValueError, match=wrong) as error:
         get_press(name, 0.5)
-    assert "Valid parts: families" in str(error.value) and "block<k>" in str(error.value)
+    assert "Valid parts: kinds" in str(error.value) and "block<k>" in str(error.value)
 
 
 def test_an_unregistered_valid_name_builds_what_it_says():
