@@ -7,7 +7,9 @@ a correction bias is given (``correction.set_bias``) and before every forward th
 (``correction``'s pre-hook), so an attention function registered after import, or after the
 eviction, is corrected too.
 
-A wrapped function runs the original unchanged unless the module's current forward carries a bias
+At a prefill, a wrapped function first checks the kvpress wrappers hooked on the module
+(``wrappers.check_hooks``: one holding a SamplingPress it cannot run is refused). It runs the
+original unchanged unless the module's current forward carries a bias
 (``activate``d by ``kvpress_prob.correction``'s pre-hook for a cache compressed by a SamplingPress)
 and is not a prefill; then it runs ``corrected_sdpa``: softmax(q k / sqrt(d) + bias) over [stored
 prefix | new tokens], the bias 0 on new tokens, which is
@@ -27,6 +29,8 @@ import weakref
 import torch
 import torch.nn.functional as F
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from kvpress_prob import wrappers
 
 _WRAPPED = "_kvprob_wrapped"  # on a wrapper function: marks it as ours
 _ACTIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # attention module -> bias of its running forward
@@ -91,6 +95,8 @@ def wrap(func):
     @functools.wraps(func)
     def wrapper(module, query, key, value, attention_mask, *args, **kwargs):
         bias = _ACTIVE.get(module)
+        if query.shape[2] == key.shape[2]:  # a prefill: refuse a wrapper that cannot run a SamplingPress
+            wrappers.check_hooks(module)
         if bias is None or query.shape[2] == key.shape[2]:  # plain attention, or a prefill
             return func(module, query, key, value, attention_mask, *args, **kwargs)
         if query.shape[0] != bias.shape[0]:

@@ -7,7 +7,7 @@ That is increasing and concave in m, so m is found by Newton's method started be
 
 - ``global``: one m for every layer and head (each head spends by its own distribution);
 - ``layer``: one m per layer;
-- ``head``: one m per head (a fixed expected budget per head).
+- ``head``: one m per head (a fixed expected kept count per head).
 """
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ class CalibratedProposal(ScoreProposal):
     Parameters
     ----------
     scorer : kvpress ScorerPress
-        Gives (batch, kv_heads, n) scores (its ``compression_ratio`` is set by ``SamplingPress``).
+        Gives (batch, kv_heads, n) scores (never written; ``ScoreProposal.at_ratio``).
     calibration : {"rank", "entropy"}, default "entropy"
         "rank": pi_i ~ 1 / rank_i. "entropy": softmax of the standardised scores at the temperature
         whose entropy matches the window queries' attention, per KV head.

@@ -40,6 +40,24 @@ from kvpress_prob import attention
 _BIAS = "_kvprob_bias"  # on a cache layer: its (b, H_kv, S) bias (the only attribute of ours, and not on the model)
 
 
+def padding(dtype: torch.dtype) -> float:
+    """The bias of a padding entry (or of a masked one) in a bias of ``dtype``: its lowest finite
+    value, whose exp added to any logit is exactly 0. The one definition: ``is_padding`` finds it."""
+    return torch.finfo(dtype).min
+
+
+def is_padding(bias: torch.Tensor) -> torch.Tensor:
+    """Which entries of ``bias`` are padding (``padding(bias.dtype)``), as a bool tensor of its shape."""
+    return bias == padding(bias.dtype)
+
+
+def cast(bias: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``bias`` in ``dtype``, its padding that dtype's padding (a plain cast would turn float32's
+    lowest into -inf in bfloat16 or float16, and bfloat16's lowest into a float32 value that
+    ``is_padding`` does not recognise)."""
+    return torch.where(is_padding(bias), padding(dtype), bias.to(dtype)) if bias.dtype != dtype else bias
+
+
 @dataclass
 class _State:
     """What this module knows of one attention module while it carries our hooks."""

@@ -14,6 +14,7 @@ from kvpress_prob import attention, correction, wrappers
 from kvpress_prob.budget import SCOPES
 from kvpress_prob.proposals import AttentionProposal, MinVarianceProposal, Proposal, ScoreProposal
 from kvpress_prob.samplers import Draw, PoissonSampler, Sampler
+from kvpress_prob.samplers.base import check_ratio
 
 
 def language_model(model: PreTrainedModel) -> nn.Module:
@@ -47,7 +48,8 @@ class SamplingPress(BasePress):
 
     Public compression API (used by the evaluation engine to replay a recorded prefill):
     ``propose(module, kwargs)`` gives one layer's proposal from its hook arguments, and
-    ``evict(cache, proposals)`` draws, cuts the cache and installs the correction.
+    ``evict(cache, proposals)`` draws, cuts the cache and installs the correction;
+    ``proposal_at_ratio`` is the proposal ``propose`` computes (the engine's key for sharing it).
 
     Parameters
     ----------
@@ -84,8 +86,7 @@ class SamplingPress(BasePress):
     last_draw: Draw | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        if not 0.0 <= self.compression_ratio < 1.0:
-            raise ValueError(f"compression_ratio must be in [0, 1), got {self.compression_ratio}")
+        check_ratio(self.compression_ratio)  # at once; the sampler checks it again at each draw (a later edit)
         if not self.temperature > 0:  # also catches NaN
             raise ValueError(f"temperature must be > 0 (inf turns the correction off), got {self.temperature}")
         if self.bias_dtype not in ("keys", "float32"):
@@ -98,21 +99,31 @@ class SamplingPress(BasePress):
             raise TypeError(f"sampler must be a kvpress_prob Sampler, got {type(self.sampler).__name__}")
         self._pending: dict[nn.Module, torch.Tensor | None] = {}  # attention module -> its proposal, this prefill
         self._layers: list[int] = []  # indices of the hooked attention layers (set by post_init_from_model)
-        self._alone = False  # inside this press's own ``__call__``
-        self._armed = None  # the pending wrapper check (``wrappers.arm``)
+        self._at_ratio: tuple | None = None  # (proposal, ratio, proposal_at_ratio): see ``proposal_at_ratio``
 
     def post_init_from_model(self, model: PreTrainedModel):
         """Called on entry (by this press's ``__call__`` or by a wrapper's): wraps the attention
-        functions, and under a wrapper arms the check of that wrapper at the prefill's first layer."""
+        functions (whose wrapper checks, at every prefill, the kvpress wrappers hooked around this
+        press: ``wrappers.check_hooks``) and readies the scorer of ``proposal_at_ratio``. Sets
+        nothing on the model."""
         self._layers = hooked_layers(model)
         self._pending = {}
         attention.check_implementation(model)
         attention.install()
-        if not self._alone:
-            wrappers.arm(self, language_model(model).layers[self._layers[0]].self_attn)
         if isinstance(self.proposal, ScoreProposal):
-            self.proposal.scorer.compression_ratio = self.compression_ratio
-            self.proposal.scorer.post_init_from_model(model)
+            self.proposal_at_ratio.scorer.post_init_from_model(model)
+
+    @property
+    def proposal_at_ratio(self) -> Proposal:
+        """The proposal pi is computed with at this press's ``compression_ratio``: ``proposal``
+        itself, except a ``ScoreProposal`` whose scorer's scores read the ratio (StreamingLLM's;
+        ``ScoreProposal.at_ratio``), then a copy at this ratio. ``proposal`` and its scorer are never
+        written. Equal for every ratio otherwise, so a shared prefill computes it once."""
+        if not isinstance(self.proposal, ScoreProposal):
+            return self.proposal
+        if self._at_ratio is None or self._at_ratio[0] is not self.proposal or self._at_ratio[1] != self.compression_ratio:
+            self._at_ratio = (self.proposal, self.compression_ratio, self.proposal.at_ratio(self.compression_ratio))
+        return self._at_ratio[2]
 
     @torch.no_grad()
     def propose(self, module: nn.Module, kwargs: dict) -> torch.Tensor:
@@ -136,7 +147,7 @@ class SamplingPress(BasePress):
                 f"{type(self.proposal).__name__} recomputes attention over the whole prefix. Put no sequence press "
                 f"before it, or use a ScoreProposal (prob_snapkv, prob_tova, prob_knorm, prob_streaming_llm)"
             )
-        return self.proposal(module, hidden_states, layer.keys, layer.values, kwargs)
+        return self.proposal_at_ratio(module, hidden_states, layer.keys, layer.values, kwargs)
 
     @torch.no_grad()
     def forward_hook(self, module: nn.Module, input: list, kwargs: dict, output: list):
@@ -148,7 +159,6 @@ class SamplingPress(BasePress):
             return output
         layers = self._layers or list(range(module.config.num_hidden_layers))
         if module.layer_idx == layers[0]:
-            wrappers.disarm(self)
             wrappers.check(self, module)
             if self._pending:
                 self._abandon(f"a new prefill started at layer {module.layer_idx}")
@@ -178,12 +188,10 @@ class SamplingPress(BasePress):
 
     def score(self, module=None, *args, **kwargs):
         """Refused: kvpress's wrappers that call ``score`` take a top-k of it (``wrappers.REFUSED``)."""
-        wrappers.disarm(self)
         raise TypeError(wrappers.refusal_message(self, module, "score"))
 
     def compress(self, module=None, *args, **kwargs):
         """Refused: SamplingPress evicts every layer at once at the end of the prefill (``evict``)."""
-        wrappers.disarm(self)
         raise TypeError(wrappers.refusal_message(self, module, "compress"))
 
     @torch.no_grad()
@@ -194,7 +202,6 @@ class SamplingPress(BasePress):
         ``last_draw``); fills ``stats``."""
         if not proposals:
             raise ValueError("evict needs the proposal of at least one layer")
-        wrappers.disarm(self)  # called directly: no wrapper to check
         attention.install()
         modules = sorted(proposals, key=lambda module: module.layer_idx)
         device = proposals[modules[0]].device  # layers may sit on several devices: draw on the first one's
@@ -216,11 +223,11 @@ class SamplingPress(BasePress):
             bytes_full += keys.numel() * keys.element_size() * 2
             layer.keys = keys.gather(2, index_kv).contiguous()
             layer.values = values.gather(2, index_kv).contiguous()
-            lowest = torch.full(order.shape, torch.finfo(keys.dtype).min, dtype=torch.float32, device=keys.device)
+            dtype = keys.dtype if self.bias_dtype == "keys" else torch.float32  # the stored bias's
+            lowest = torch.full(order.shape, correction.padding(dtype), dtype=torch.float32, device=keys.device)
             is_kept = torch.arange(n_stored, device=keys.device) < counts[..., None]
             weight = log_weight.gather(-1, order) / tau if tau != float("inf") else torch.zeros_like(lowest)
-            bias = torch.where(is_kept, weight, lowest)
-            bias = bias.to(keys.dtype) if self.bias_dtype == "keys" else bias
+            bias = torch.where(is_kept, weight, lowest).to(dtype)
             correction.set_bias(module, bias, cache)
             kept.append(counts[0].tolist())
             stored.append(n_stored)
@@ -249,15 +256,12 @@ class SamplingPress(BasePress):
         """Hook every attention layer of ``model`` for the prefills run inside the block; on a clean
         exit, a prefill left without its eviction (it never reached the last layer) raises."""
         self._pending = {}
-        self._alone = True
         try:
             with super().__call__(model):
                 yield
         except BaseException:
             self._pending = {}
             raise
-        finally:
-            self._alone = False
         if self._pending:
             self._abandon("the press's context exited")
 

@@ -16,11 +16,14 @@ normalised first, so every query head's support is covered.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
+from kvpress import CompactorPress, CriticalAdaKVPress, CriticalKVPress, StreamingLLMPress
 from kvpress.presses.scorer_press import ScorerPress
 from kvpress.utils import get_prerope_query_states
 from torch import nn
@@ -104,8 +107,9 @@ class ScoreProposal(Proposal):
     Parameters
     ----------
     scorer : kvpress ScorerPress
-        Its ``score`` gives (batch, kv_heads, n) scores. Its ``compression_ratio`` is set to the
-        press's by ``SamplingPress`` (StreamingLLM's scores depend on it).
+        Its ``score`` gives (batch, kv_heads, n) scores. Never written: a scorer whose scores read
+        its ``compression_ratio`` (``scores_read_ratio``: StreamingLLM's) is copied at the press's
+        ratio (``at_ratio``).
     """
 
     scorer: ScorerPress
@@ -113,6 +117,28 @@ class ScoreProposal(Proposal):
     def weights(self, module, hidden_states, keys, values, kwargs):
         scores = self.scorer.score(module, hidden_states, keys, values, None, kwargs)
         return scores_to_weights(scores)
+
+    def at_ratio(self, compression_ratio: float) -> ScoreProposal:
+        """This proposal for a press at ``compression_ratio``: itself if its scorer's scores do not
+        read the ratio, else a copy holding a deep copy of the scorer at that ratio."""
+        if not scores_read_ratio(self.scorer):
+            return self
+        scorer = copy.deepcopy(self.scorer)
+        scorer.compression_ratio = compression_ratio
+        return dataclasses.replace(self, scorer=scorer)
+
+
+#: kvpress scorers whose ``score`` reads their own ``compression_ratio`` (kvpress's source): StreamingLLM
+#: (how many middle tokens score 0), Compactor (its blending), CriticalKV (its first-stage budget).
+RATIO_SCORERS = (StreamingLLMPress, CompactorPress, CriticalKVPress, CriticalAdaKVPress)
+
+
+def scores_read_ratio(scorer: ScorerPress) -> bool:
+    """Whether ``scorer``'s scores depend on its ``compression_ratio``: a ``RATIO_SCORERS`` one, or
+    one whose class kvpress and this package do not define (unknown, so assumed to). Scores that do
+    not are shared by every ratio of that scorer."""
+    package = type(scorer).__module__.split(".")[0]
+    return isinstance(scorer, RATIO_SCORERS) or package not in ("kvpress", "kvpress_prob")
 
 
 def rope_queries(module: nn.Module, hidden_states: torch.Tensor, position_embeddings,

@@ -11,12 +11,14 @@ changing kvpress's classes: the forward hooks registered on the attention module
 (kvpress's ``BasePress.__call__`` registers the outermost press's bound ``forward_hook``), and the
 fields of those presses down to itself. It checks them
 
-- at the first forward of a prefill entered through a wrapper: a wrapper that calls the press's
-  ``post_init_from_model`` (every kvpress wrapper but ``PerLayerCompressionPress``) arms a one-shot
-  forward pre-hook on the first hooked attention layer (``arm``), which checks and removes itself,
-  so even a wrapper that never calls the press during the prefill (``DecodingPress``) is refused
-  before that prefill runs;
-- at its ``forward_hook`` of the first layer (``PerLayerCompressionPress``);
+- at the start of every prefill's attention (``check_hooks``, called by the attention functions
+  ``kvpress_prob.attention`` wraps, which entering a press installs): the presses hooked on that
+  module are searched for a SamplingPress, so even a wrapper that never calls the press during the
+  prefill (``DecodingPress``) is refused before the first layer's attention runs. Nothing is armed
+  or registered for it: it reads only the hooks the wrapper itself registered, so nothing of ours
+  is left on the model when the wrapper's context exits, with or without a forward;
+- at its ``forward_hook`` of the first layer (``PerLayerCompressionPress``, which never enters the
+  press: the attention functions may not be wrapped yet);
 - when a wrapper calls ``score`` or ``compress``, which a SamplingPress does not offer.
 
 kvpress's own constructors still refuse a press that is not a ``ScorerPress`` (AdaKV, Chunk, Block,
@@ -25,8 +27,6 @@ same wrappers under ``python -O``, edited fields, and wrappers this package does
 """
 
 from __future__ import annotations
-
-import weakref
 
 from kvpress import (
     AdaKVPress,
@@ -146,9 +146,8 @@ def wrappers(press, module: nn.Module) -> list[BasePress]:
     """The presses hooked on ``module`` that hold ``press``, and every press between them and it,
     outermost first (empty when ``press`` runs alone or is called directly)."""
     found = []
-    for hook in list(getattr(module, "_forward_hooks", {}).values()):
-        owner = getattr(hook, "__self__", None)
-        if isinstance(owner, BasePress) and owner is not press:
+    for owner in _owners(module):
+        if owner is not press:
             chain = path_to(owner, press)
             found += [wrapper for wrapper in chain or [] if wrapper not in found]
     return found
@@ -175,26 +174,34 @@ def refusal_message(press, module: nn.Module | None, method: str) -> str:
     )
 
 
-def arm(press, module: nn.Module) -> None:
-    """Check ``press``'s wrappers at the next forward of ``module`` (the first hooked attention layer),
-    once: a one-shot pre-hook that removes itself before checking. Replaces an earlier one."""
-    disarm(press)
-    press_ref = weakref.ref(press)
+def _owners(module: nn.Module) -> list[BasePress]:
+    """The presses whose bound ``forward_hook`` is registered on ``module``."""
+    owners = [getattr(hook, "__self__", None) for hook in getattr(module, "_forward_hooks", {}).values()]
+    return [owner for owner in owners if isinstance(owner, BasePress)]
 
-    def first_forward(module, args, kwargs):
-        handle.remove()
-        press = press_ref()
-        if press is not None:
-            press._armed = None
+
+def _sampling_presses(container, depth: int = 0) -> list:
+    """The SamplingPresses ``container`` (a press, or a list / tuple / dict of them) is or holds: the
+    presses with its public compression API, ``propose`` and ``evict`` (``kvpress_prob.press``
+    imports this module, so it is not imported here)."""
+    if isinstance(container, BasePress) and all(callable(getattr(type(container), name, None))
+                                                for name in ("propose", "evict")):
+        return [container]
+    if depth > MAX_DEPTH:
+        return []
+    if isinstance(container, dict):
+        container = list(container.values())
+    if isinstance(container, BasePress):
+        container = list(vars(container).values())
+    if isinstance(container, (list, tuple)):
+        return [press for item in container for press in _sampling_presses(item, depth + 1)]
+    return []
+
+
+def check_hooks(module: nn.Module) -> None:
+    """Raise TypeError if a press hooked on ``module`` holds a SamplingPress in a wrapper that would
+    not run it correctly (``check``). Reads the module's hooks only; a plain forward, or a press
+    holding no SamplingPress, finds nothing to check."""
+    for owner in _owners(module):
+        for press in _sampling_presses(owner):
             check(press, module)
-
-    handle = module.register_forward_pre_hook(first_forward, with_kwargs=True)
-    press._armed = handle
-
-
-def disarm(press) -> None:
-    """Remove ``press``'s pending check (no-op without one)."""
-    handle = getattr(press, "_armed", None)
-    if handle is not None:
-        handle.remove()
-        press._armed = None

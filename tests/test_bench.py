@@ -7,11 +7,13 @@ import numpy as np
 import pytest
 import torch
 from conftest import random_ids, tiny_model
+from transformers import DynamicCache
 
 from evaluation.bench.__main__ import build_parser
 from evaluation.bench.allocation import measure as budget
 from evaluation.bench.oracle import measure as oracle
 from evaluation.bench.speed import measure as speed
+from evaluation.engine import Prefill
 
 # --------------------------------------------------------------------------- oracle
 
@@ -118,6 +120,41 @@ def test_adaptive_top_k_frees_what_adakv_only_masks():
     speed.clear_biases(model)
 
 
+def dense_error(keys, values, queries, subset) -> torch.Tensor:
+    """||softmax over ``subset`` - softmax over all|| of the attention output, per query, float64."""
+    logits = queries @ keys.T / math.sqrt(keys.shape[1])  # (Q, n)
+    full = torch.softmax(logits, -1) @ values
+    kept = torch.softmax(logits[:, list(subset)], -1) @ values[list(subset)]
+    return (kept - full).norm(dim=-1)  # (Q,)
+
+
+def check_oracle_rows(rows: list[dict], settings: dict) -> None:
+    """The oracle bench's records against a recomputation, instance by instance: the optimum at q_t
+    is the smallest dense error over every size-k subset (itertools, torch float64), top-k's error
+    is the dense error of the k largest logits at q_t, and the sampled mean kept count is within 5
+    standard deviations of k (a Poisson design's count has variance <= n / 4, ``draws`` draws)."""
+    by = {(r["n"], r["instance"], r["method"]): r for r in rows}
+    for n, i in sorted({(r["n"], r["instance"]) for r in rows}):
+        inst = oracle.make_instance(n, settings["d"], settings["later"], settings["query_scale"], settings["noise"],
+                                    settings["seed"] * 1_000_003 + 1000 * n + i)
+        keys, values, queries = (torch.tensor(inst[x]) for x in ("keys", "values", "queries"))
+        k = n // 2
+        best = min(dense_error(keys, values, queries[:1], s)[0].item() for s in itertools.combinations(range(n), k))
+        assert by[(n, i, "opt_now")]["err_now"] == pytest.approx(best, rel=1e-9)
+        topk = torch.argsort(-(keys @ queries[0]), stable=True)[:k].tolist()
+        assert by[(n, i, "topk")]["err_now"] == pytest.approx(dense_error(keys, values, queries[:1], topk)[0].item(), rel=1e-9)
+        sampled = by[(n, i, "sample")]
+        assert abs(sampled["kept_mean"] - k) < 5 * math.sqrt(n / 4 / settings["draws"])
+
+
+def test_oracle_records_match_a_dense_recomputation():
+    """The CPU analogue of tests/test_cuda.py::test_oracle_quick_on_cuda."""
+    settings = {"d": 4, "later": 8, "query_scale": 2.0, "noise": 0.5, "seed": 0, "draws": 200}
+    rows = oracle.run([8, 10], settings["d"], 3, settings["later"], settings["draws"], settings["query_scale"],
+                      settings["noise"], settings["seed"], log=lambda *a: None)
+    check_oracle_rows(rows.to_dict("records"), settings)
+
+
 # --------------------------------------------------------------------------- budget
 
 
@@ -130,15 +167,62 @@ def test_budget_figures_by_hand():
     np.testing.assert_allclose(fig["kept_fraction"], [[0.25, 0.5], [0.375, 0.375]])
 
 
-def test_captured_proposal_redraw_matches_press():
-    model = tiny_model("llama")
-    press, pi = budget.capture_prefill(model, random_ids(70, seed=2), "prob_knorm", 0.5, seed=5)
+def knorm_proposal(keys: torch.Tensor, floor: float = 0.01) -> torch.Tensor:
+    """prob_knorm's pi by its formula, in float64: s = -||k||, w = s - min s, pi = (1 - floor) w / sum w + floor / n."""
+    s = -keys.double().norm(dim=-1)  # (b, H, n)
+    w = s - s.amin(-1, keepdim=True)
+    return (1 - floor) * w / w.sum(-1, keepdim=True) + floor / keys.shape[2]
+
+
+def test_captured_proposal_is_knorms_and_the_press_kept_what_its_draw_says():
+    """The bench's captured pi against K-norm's formula on a plain prefill's keys; the press's cache
+    against those keys at the drawn positions; its realised ratio against the draw's count and the
+    target (a Poisson design's kept count has variance <= N / 4 over N entries)."""
+    model, ids = tiny_model("llama"), random_ids(70, seed=2)
+    press, pi = budget.capture_prefill(model, ids, "prob_knorm", 0.5, seed=5)
     assert pi.shape == (3, 1, 2, 70)
-    torch.testing.assert_close(pi.sum(-1), torch.ones(3, 1, 2, dtype=torch.float64))
-    fig = budget.draw_figures(pi, 0.5, "global", 5, press)
-    assert torch.equal(fig["keep"], press.last_draw.keep)
-    assert math.isclose(fig["realised_ratio"], press.stats["realised_ratio"], abs_tol=1e-12)
-    assert math.isclose(fig["padding_overall"], press.stats["padding"], rel_tol=1e-9)
+    full = DynamicCache()
+    with torch.no_grad():
+        model.model(input_ids=ids, past_key_values=full)
+    for layer, p in zip(full.layers, pi):
+        torch.testing.assert_close(p, knorm_proposal(layer.keys), rtol=1e-5, atol=1e-8)
+    keep = press.last_draw.keep  # (L, 1, H, n)
+    cache = Prefill(model, ids, [press]).compress(press)
+    for layer, kept, full_layer in zip(cache.layers, keep, full.layers):
+        for h in range(2):
+            count = int(kept[0, h].sum())
+            torch.testing.assert_close(layer.keys[0, h, :count], full_layer.keys[0, h, kept[0, h]], rtol=0, atol=0)
+    N = keep.numel()
+    assert press.stats["realised_ratio"] == pytest.approx(1 - keep.sum().item() / N, abs=1e-12)
+    assert abs(press.stats["realised_ratio"] - 0.5) < 5 * math.sqrt(N / 4) / N
+    fig = budget.draw_figures(pi, 0.5, "global", 5, press)  # the bench's redraw: the press's draw
+    assert torch.equal(fig["keep"], keep)
+
+
+def check_budget_draws(data: dict, layers: int, heads: int) -> None:
+    """Every draw of the allocation bench (Poisson designs): the realised ratio within 5 standard
+    deviations of its target (a kept count of N Bernoulli entries has variance <= N / 4), its
+    stored fraction at least its kept fraction (padding >= 1), and each captured press's stats the
+    same bound around the bench's ratio."""
+    for row in data["draws"]:
+        N = layers * heads * row["n"]
+        assert abs(row["realised_ratio"] - row["target"]) < 5 * math.sqrt(N / 4) / N, row
+        assert row["stored_fraction"] >= row["kept_total_fraction"] - 1e-12
+        assert row["padding_overall"] == pytest.approx(row["stored_fraction"] / row["kept_total_fraction"])
+    for row in data["press_stats"]:
+        N = layers * heads * row["n"]
+        assert abs(row["realised_ratio"] - data["settings"]["ratio"]) < 5 * math.sqrt(N / 4) / N, row
+        assert row["redraw_matches_press"]
+
+
+def test_budget_bench_draws_meet_their_targets(tokenizer):
+    """The CPU analogue of tests/test_cuda.py::test_budget_quick_on_cuda, on a tiny model."""
+    model = tiny_model("llama")
+    rows, _, press_rows = budget.run(model, tokenizer, ["prob_knorm", "prob_min_h"], [0.25, 0.75], 1, 256, 2,
+                                     "prob_min_h", 0.5, 0, log=lambda *a: None)
+    data = {"draws": rows.to_dict("records"), "press_stats": press_rows.to_dict("records"), "settings": {"ratio": 0.5}}
+    assert len(data["draws"]) == 2 * (1 + 3) * 2  # 2 ratios x (1 + 3 scopes) x 2 seeds
+    check_budget_draws(data, layers=3, heads=2)
 
 
 # --------------------------------------------------------------------------- CLI

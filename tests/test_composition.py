@@ -184,10 +184,10 @@ def test_unsupported_wrappers_are_refused_before_the_prefill_runs(wrapper):
         run(model, press, random_ids(N))
     for handle in handles:
         handle.remove()
-    # refused before the first attention layer ran (PerLayerCompressionPress, which never calls the press's
-    # post_init_from_model: at that layer's hook), so nothing was evicted or skipped
-    assert seen == ([0] if wrapper == "PerLayerCompressionPress" else [])
-    for layer in language_model(model).layers:  # the one-shot check removed itself
+    # refused before the first attention layer ran, so nothing was evicted or skipped; PerLayerCompressionPress
+    # never enters the press, so the attention functions may not be wrapped yet: then at that layer's hook
+    assert seen in (([], [0]) if wrapper == "PerLayerCompressionPress" else ([],))
+    for layer in language_model(model).layers:  # the check registered nothing
         assert not layer.self_attn._forward_pre_hooks and not layer.self_attn._forward_hooks
 
 

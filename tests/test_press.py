@@ -6,6 +6,7 @@ from conftest import random_ids, tiny_model
 from kvpress import AdaKVPress, KVPressTextGenerationPipeline
 from transformers import DynamicCache
 
+from evaluation.engine import Prefill, plan
 from kvpress_prob import PRESSES, SamplingPress, get_press
 from kvpress_prob import correction
 from kvpress_prob.press import language_model
@@ -176,8 +177,39 @@ def test_every_kind_of_registry_press_runs_in_the_pipeline_and_generate(arch, to
             generated = model.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4)[0, ids.shape[1]:]
         expected = prefill_and_decode(model, press, ids, 4)
         assert generated.tolist() == expected, name
-        if isinstance(press, SamplingPress):
-            assert 0.3 < press.stats["realised_ratio"] < 0.7, name
+        check_kept(model, press, inputs["context_ids"], name)
+
+
+def check_kept(model, press, ids, name):
+    """What ``press`` keeps in a prefill, against a plain prefill of ``ids``: a SamplingPress's cache
+    holds, head by head, the plain keys at its drawn positions, and its kept count is within 5
+    standard deviations of (1 - r) N (N entries drawn independently: variance <= N / 4; a
+    fixed-count design is closer); a kvpress top-k press holds the plain keys at the top
+    int((1 - r) n) of its scores (kvpress's ``ScorerPress.compress``, done here with torch.topk)."""
+    n = ids.shape[1]
+    full, cache = DynamicCache(), DynamicCache()
+    with torch.no_grad():
+        model.model(input_ids=ids, past_key_values=full)
+        with press(model):
+            model.model(input_ids=ids, past_key_values=cache)
+    if isinstance(press, SamplingPress):
+        keep = press.last_draw.keep  # (L, 1, H_kv, n)
+        for layer, plain, kept in zip(cache.layers, full.layers, keep):
+            for h in range(kept.shape[1]):
+                count = int(kept[0, h].sum())
+                assert torch.equal(layer.keys[0, h, :count], plain.keys[0, h, kept[0, h]]), name
+        N = keep.numel()
+        held = keep.sum().item() + press.stats.get("virtual", 0) * keep.shape[0] * keep.shape[2]  # summaries' c per head
+        assert press.stats["realised_ratio"] == pytest.approx(1 - held / N, abs=1e-12), name
+        assert abs(press.stats["realised_ratio"] - 0.5) < 5 * (N / 4) ** 0.5 / N, name
+        return
+    step = plan(model, press, n)
+    if step.kind == "scores":
+        scores = Prefill(model, ids, [press]).stored[step.key]  # the press's own score, per layer
+        for i, (layer, plain) in enumerate(zip(cache.layers, full.layers)):
+            top = scores[i].topk(int(n * 0.5), dim=-1).indices  # (1, H_kv, k)
+            expected = plain.keys.gather(2, top[..., None].expand(-1, -1, -1, plain.keys.shape[-1]))
+            assert torch.equal(layer.keys, expected), name
 
 
 def prefill_and_decode(model, press, ids, n_tokens, question_ids=None):

@@ -35,6 +35,12 @@ def test_announced_presses_share_one_prefill_and_match_the_pipeline(tokenizer):
     configs = configurations(FAMILIES + STRONGER, [0.25, 0.75], [1])
     shared = Prefill(model, inputs["context_ids"], [cfg.build() for cfg in configs])
     assert shared.prefills == 2  # sdpa + H2O's eager one
+    # stored score tensors, one (1, H_kv, n) per layer and distinct scorer or proposal, whatever the ratio:
+    # the scores of snapkv (and adakv_snapkv), tova (and adakv_tova), knorm, expected_attention, keydiff,
+    # lagkv, H2O's eager ones, StreamingLLM's at each ratio (its scores read it); the proposals of
+    # prob_min_h (topk_min_h, _coord, _strata, _ht: one proposal), prob_snapkv, prob_h2o_h_nocorr
+    assert len(shared.stored) == 6 + 1 + 2 + 3
+    assert sum(len(table) for table in shared.stored.values()) == 12 * model.config.num_hidden_layers
     hidden = model.config.hidden_size
     kept = [t for table in shared.stored.values() for t in table.values()]
     assert kept and all(t.shape[-1] == n and t.shape[-2] == model.config.num_key_value_heads for t in kept)

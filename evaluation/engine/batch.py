@@ -11,12 +11,14 @@ the lowest bias on their masked entries.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from evaluation.engine.prefill import drop_masks
 from kvpress_prob import correction
 from kvpress_prob.press import language_model
 
@@ -34,14 +36,16 @@ class Compressed:
     def take(cls, cache: DynamicCache, layers) -> Compressed:
         """Detach ``cache`` and the modules' correction bias. A press that masks keys instead of
         evicting them (kvpress's AdaKV: ``masked_key_indices``, whose fake keys give those entries
-        an attention weight of exactly 0) becomes the dtype's lowest bias on the masked entries."""
+        an attention weight of exactly 0) becomes the dtype's lowest bias on the masked entries,
+        and its masks are removed from the modules."""
         biases = []
         for layer, cache_layer in zip(layers, cache.layers):
             bias, masked = correction.bias_of(layer.self_attn, cache), getattr(layer.self_attn, "masked_key_indices", None)
+            drop_masks(layer.self_attn)
             if masked is not None:
                 keys = cache_layer.keys  # (b, H_kv, n, d)
                 bias = torch.zeros(keys.shape[:3], dtype=keys.dtype, device=keys.device)
-                bias[masked[0], masked[1], masked[2]] = torch.finfo(keys.dtype).min
+                bias[masked[0], masked[1], masked[2]] = correction.padding(keys.dtype)
             biases.append(bias)
         return cls([c.keys for c in cache.layers], [c.values for c in cache.layers], biases)
 
@@ -75,9 +79,10 @@ class RoomyLayer(DynamicLayer):
 def stack(items: list[Compressed], room: int) -> tuple[DynamicCache, list[torch.Tensor]]:
     """One batched cache of B configurations, with room for ``room`` new tokens, and its
     per-layer (B, H_kv, S_max) bias (each layer padded to its longest configuration, the padding
-    with the dtype's lowest bias). Consumes ``items``: each item's layer is released as soon as it
-    is copied, layer by layer, so memory peaks at the B caches plus one layer's stack (the items'
-    tensors are freed if nothing else holds them)."""
+    ``correction.padding``). A layer's bias has the widest dtype of its items' biases and keys (a
+    press's float32 bias stays float32 beside bfloat16 keys). Consumes ``items``: each item's layer
+    is released as soon as it is copied, layer by layer, so memory peaks at the B caches plus one
+    layer's stack (the items' tensors are freed if nothing else holds them)."""
     cache, biases = DynamicCache(), []
     for layer in range(len(items[0].keys)):
         first = items[0].keys[layer]
@@ -85,13 +90,15 @@ def stack(items: list[Compressed], room: int) -> tuple[DynamicCache, list[torch.
         b, h = len(items), first.shape[1]
         keys = first.new_empty(b, h, s_max + room, first.shape[-1])  # (B, H_kv, S_max + room, d)
         values = first.new_empty(b, h, s_max + room, items[0].values[layer].shape[-1])
-        bias = torch.full((b, h, s_max), torch.finfo(first.dtype).min, dtype=first.dtype, device=first.device)
+        dtype = functools.reduce(torch.promote_types, [item.bias[layer].dtype for item in items
+                                                       if item.bias[layer] is not None], first.dtype)
+        bias = torch.full((b, h, s_max), correction.padding(dtype), dtype=dtype, device=first.device)
         for i, item in enumerate(items):
             k, v, item_bias = item.keys[layer], item.values[layer], item.bias[layer]
             s = k.shape[2]
             keys[i, :, :s], values[i, :, :s] = k[0], v[0]
             keys[i, :, s:s_max], values[i, :, s:s_max] = 0, 0
-            bias[i, :, :s] = 0 if item_bias is None else item_bias[0]
+            bias[i, :, :s] = 0 if item_bias is None else correction.cast(item_bias[0], dtype)
             item.keys[layer] = item.values[layer] = item.bias[layer] = None
         cache.layers.append(RoomyLayer(keys, values, s_max))
         biases.append(bias)
@@ -117,7 +124,7 @@ def generate_batch(model, tokenizer, question_ids: torch.Tensor, items: list[Com
     try:
         for layer, bias in zip(layers, biases):
             correction.set_bias(layer.self_attn, bias, cache)
-            layer.self_attn.masked_key_indices = None
+            drop_masks(layer.self_attn)  # masks of another cache: this one's are in its bias
         q_len = question_ids.shape[1]
         position_ids = torch.arange(context_length, context_length + q_len, device=device)
         logits = model(input_ids=question_ids.expand(b, q_len), past_key_values=cache,

@@ -2,8 +2,12 @@
 presses it will serve. Its attention hooks compute, layer by layer and from what each hook sees,
 what those presses need (``plan``): a ``SamplingPress``'s proposal through ``propose``, a kvpress
 scorer's scores through its ``score``, each computed once per example and distinct proposal or
-scorer, and shared by every ratio and seed. Only those (b, H_kv, n) tensors are kept, never the
-hook inputs (a layer's hidden states weigh more than its K+V). Compress many
+scorer, and shared by every ratio and seed (the stored tensors are keyed without the ratio; a
+scorer whose scores read it, StreamingLLM's, has one per ratio: ``scores_read_ratio``). Only
+those (b, H_kv, n) tensors are kept, never the hook inputs (a layer's hidden states weigh more
+than its K+V).
+
+Compress many
 (``Prefill.compress``): each press then compresses a cache that starts as the prefill's own tensors
 (nothing is copied: presses gather or mask), through the presses' public API only: a
 ``SamplingPress`` through ``evict``, a kvpress scorer through its ``forward_hook`` on the stored
@@ -18,6 +22,7 @@ other family is compressed by a prefill under it (``press_prefill``).
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
@@ -31,6 +36,7 @@ from transformers.cache_utils import DynamicLayer
 from kvpress_prob import SamplingPress
 from kvpress_prob.press import language_model
 from kvpress_prob.h2o import EagerObservedAttentionPress
+from kvpress_prob.proposals import scores_read_ratio
 from kvpress_prob.spans import SpanPress
 
 
@@ -80,24 +86,36 @@ def _score_of(scorer: ScorerPress) -> Callable:
     return compute
 
 
+def _scores_key(scorer: ScorerPress) -> tuple:
+    """The key of a scorer's stored scores: its fields without its ratio, which its scores do not
+    read (``scores_read_ratio``), so every ratio of one scorer shares them; with it otherwise."""
+    if scores_read_ratio(scorer):
+        return ("scores", repr(scorer))
+    fields = ", ".join(f"{f.name}={getattr(scorer, f.name)!r}" for f in dataclasses.fields(scorer)
+                       if f.repr and f.name != "compression_ratio")
+    return ("scores", f"{type(scorer).__qualname__}({fields})")
+
+
 def plan(model, press: BasePress | None, n: int) -> Plan:
-    """The ``Plan`` of ``press`` for a context of ``n`` tokens (``post_init_from_model`` is run first:
-    a scorer's ratio is then part of the key)."""
+    """The ``Plan`` of ``press`` for a context of ``n`` tokens (``post_init_from_model`` is run first,
+    as entering the press would). The stored tensors' key leaves out what they do not depend on: a
+    SamplingPress's ratio and seed (its ``proposal_at_ratio`` is the key), a scorer's ratio."""
     if press is None:
         return Plan("full")
     press.post_init_from_model(model)
     if isinstance(press, SamplingPress):
         if press.compression_ratio == 0:
             return Plan("full")
-        return Plan("sampling", ("proposal", repr(press.proposal)), lambda module, kwargs, output: press.propose(module, kwargs))
+        return Plan("sampling", ("proposal", repr(press.proposal_at_ratio)),
+                    lambda module, kwargs, output: press.propose(module, kwargs))
     if isinstance(press, ObservedAttentionPress) and _standard_scorer(press):
         if isinstance(press, EagerObservedAttentionPress) and not press.eager_fits(model, n):
-            return Plan("scores", ("scores", repr(press)), _score_of(press))  # computed in chunks on sdpa
+            return Plan("scores", _scores_key(press), _score_of(press))  # computed in chunks on sdpa
         return Plan("eager", ("eager",))
     if _standard_scorer(press):
-        return Plan("scores", ("scores", repr(press)), _score_of(press))
+        return Plan("scores", _scores_key(press), _score_of(press))
     if type(press) is AdaKVPress and _standard_scorer(press.press) and not isinstance(press.press, ObservedAttentionPress):
-        return Plan("adakv", ("scores", repr(press.press)), _score_of(press.press))
+        return Plan("adakv", _scores_key(press.press), _score_of(press.press))
     return Plan("prefill")
 
 
@@ -139,7 +157,7 @@ class Prefill:
     ``presses``: the presses this example will be compressed with (any number, ratios and seeds
     included). What each needs is computed layer by layer inside this prefill's hooks and kept, not
     the hook inputs: each distinct proposal of a SamplingPress (b, H_kv, n) per layer, each distinct
-    kvpress scorer's scores (b, H_kv, n) per layer. A press not announced here costs one more
+    kvpress scorer's scores (b, H_kv, n) per layer, distinct up to the ratio (``plan``'s keys). A press not announced here costs one more
     prefill, computing only what it needs. H2O (eager attention) has an eager prefill of its own;
     any other press is compressed by a prefill under it (``press_prefill``).
     """
@@ -181,9 +199,9 @@ class Prefill:
         return self.stored[p.key]
 
     def _reset_modules(self) -> None:
-        # AdaKV's mask lives on the modules; a SamplingPress's correction lives on its own cache
+        # AdaKV's mask of an earlier compress lives on the modules (a SamplingPress's correction on its own cache)
         for layer in self.layers:
-            layer.self_attn.masked_key_indices = None
+            drop_masks(layer.self_attn)
 
     @torch.no_grad()
     def _eager_prefill(self) -> tuple[list, list]:
@@ -236,7 +254,8 @@ class Prefill:
         """A cache holding what ``press`` would have left after this prefill (None: the full cache).
         Its layers start as the prefill's own tensors, which no press writes into (they gather or
         mask), so nothing is copied. A SamplingPress's correction is on the returned cache, as after
-        a real prefill under the press."""
+        a real prefill under the press; a masking press's (AdaKV's) masks are on the attention
+        modules, as after that press's prefill, until ``Compressed.take`` or the next compress."""
         if self.keys is None:
             raise RuntimeError("this Prefill handed its full cache over (take_full): prefill the example again")
         self._reset_modules()
@@ -278,3 +297,10 @@ def cache_summary(cache: DynamicCache, press: BasePress | None, n: int) -> tuple
         return press.compression_ratio, held
     stored = sum(layer.keys.shape[2] for layer in cache.layers)
     return 1.0 - stored / (n * len(cache.layers)), held
+
+
+def drop_masks(module) -> None:
+    """Remove a masking press's (kvpress AdaKV's) ``masked_key_indices`` from an attention module,
+    if it has one (a module that never had it is left without it)."""
+    if "masked_key_indices" in vars(module):
+        del module.masked_key_indices
