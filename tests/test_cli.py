@@ -173,3 +173,25 @@ def test_comparison_puts_two_runs_side_by_side(tmp_path):
 def test_data_dir_is_the_ruler_context_length():
     assert cli._data_dir(argparse.Namespace(dataset="ruler", context_length=1024, data_seed=1)) == "1024"
     assert cli._data_dir(argparse.Namespace(dataset="longbench", context_length=3000, data_seed=0)) == "lt3000"
+
+
+def test_prose_comparison_puts_mean_kl_side_by_side(tmp_path):
+    from evaluation.side_by_side import kl_table, prose_comparison_markdown
+    from evaluation.store import load_results, results_files
+
+    def write(folder, kls):
+        folder.mkdir()
+        rows = [dict(model="m", dataset="prose", data_dir="1024", task="essay", example_id=w, press=p,
+                     compression_ratio=r, seed=s, kl=k) for (w, p, r, s), k in kls.items()]
+        (folder / "results.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+        return folder
+
+    # window w1: seeds 0.2 and 0.4 average to 0.3; window w2: 0.5; the press's mean over windows is 0.4
+    run = write(tmp_path / "run", {("w1", "full", 0.0, 0): 0.0, ("w1", "prob_min_h", 0.5, 0): 0.2,
+                                   ("w1", "prob_min_h", 0.5, 1): 0.4, ("w2", "prob_min_h", 0.5, 0): 0.5})
+    ref = write(tmp_path / "ref", {("w1", "prob_min_h", 0.5, 0): 0.1, ("w1", "snapkv", 0.5, 0): 0.6})
+    table = kl_table(load_results(*results_files(run)))
+    assert table.to_dict("records") == [dict(press="prob_min_h", compression_ratio=0.5, kl=pytest.approx(0.4))]
+    text = prose_comparison_markdown(run, ref)
+    assert "| prob_min_h | 0.5 | 0.4000 | 0.1000 | 0.3000 |" in text.replace("  ", " ")
+    assert "snapkv" in text and "2 windows here, 1 in the reference" in text
