@@ -58,13 +58,13 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            "frees 1 - r of the cache where AdaKV frees nothing", "docs/findings.md#adaptive-top-k"),
     Family("ours", "hybrids", "hybrid_<proposal>_block<k>_a<pct>[_threshold|_global]", "ours", "measured",
            "the first sampling designs within noise of the best top-k", "docs/findings.md#6-the-new-recommended-on-the-test-split"),
-    Family("ours", "summaries", "<press>_sum<c>[_seg][_tau<t>]", "ours", "measured",
+    Family("ours", "summaries", "<press>_sum<V>[_seg][_tau<t>]", "ours", "measured",
            "lower the attention error by a fifth, move no answer beyond noise (equal memory)",
            "docs/findings.md#4-evicted-set-summaries-and-stratified-hybrids-issue-16"),
     Family("ours", "calibrated", "prob_<scorer>_block8_priority_<rank|ent>", "ours", "measured",
            "a rank map makes sampling over KeyDiff work (dev mean 39.8 vs 18.3)",
            "docs/findings.md#5-calibrated-proposals-span-aware-units-and-an-attention-measure-that-predicts-answers"),
-    Family("ours", "spans", "<prob|topk>_<proposal>_span<k>[_priority][_nowiden]", "ours", "rejected",
+    Family("ours", "spans", "topk_<proposal>_span<k>[_nowiden]", "ours", "rejected",
            "span-aware units change no answer against blocks of 8 (0.0 on 9 test examples)",
            "docs/findings.md#5-calibrated-proposals-span-aware-units-and-an-attention-measure-that-predicts-answers"),
 ]}
@@ -115,8 +115,6 @@ REGISTERED: list[Parts] = [
     *grid("prob", ["tova", "keydiff", "expected_attention"], units=["block8"], designs=["priority"]),
     *grid("prob", ["keydiff"], units=["block8"], designs=["priority"], options=[("rank",), ("ent",)]),
     *grid("prob", ["expected_attention"], units=["block8"], designs=["priority"], options=[("ent",)]),
-    *grid("prob", ["tova"], units=["span8"], designs=["priority"]),
-    *grid("prob", ["keydiff"], units=["span8"], designs=["priority"], options=[("ent",)]),
     *grid("topk", ["min_h"]),
     *grid("topk", ["tova", "knorm", "keydiff"], units=["block8"]),
     *grid("topk", ["tova"], units=["block16"]),
@@ -177,7 +175,6 @@ STATUS: dict[str, tuple[str, str]] = {
                                          "the needle (needle share 0.49x uniform; dev mean 27.1)"),
     "prob_expected_attention_block8_priority_ent": ("rejected", "screened out without decoding: needle share "
                                                     "0.34x uniform"),
-    "prob_tova_span8_priority": ("measured", "2 development examples only"),
     **{f"keydiff_sum{c}_seg": ("rejected", "position segments do worse than k-means (error 0.209 vs 0.199 at "
                                "r = 0.5)") for c in (1, 4, 16, 64)},
     **{f"keydiff_sum{c}_tau{t}": ("rejected", "no tempered weight did better: tau = 0.5 gave the answers of tau = 1")
@@ -191,7 +188,7 @@ STATUS: dict[str, tuple[str, str]] = {
         "hybrid_keydiff_block8_a75_threshold", "tova_sum1", "tova_sum64", "knorm_sum1", "knorm_sum16",
         "knorm_sum64", "tova_sum4_tau0.5", "tova_sum4_tau0.1", "tova_sum16_tau0.5", "tova_sum16_tau0.1",
         "knorm_sum4_tau0.5", "knorm_sum4_tau0.1", "knorm_sum16_tau0.5", "knorm_sum16_tau0.1",
-        "topk_tova_block8_sum4", "hybrid_keydiff_block8_a75_global_sum4", "prob_keydiff_span8_priority_ent")},
+        "topk_tova_block8_sum4", "hybrid_keydiff_block8_a75_global_sum4")},
     **{name: ("measured", "1 development example (stopped for compute)") for name in (
         "hybrid_keydiff_block8_a50", "hybrid_keydiff_block8_a75_global", "hybrid_tova_block8_a75",
         "hybrid_expected_attention_block8_a75")},

@@ -1,7 +1,7 @@
 """Decode-time correction: which bias each attention forward reads, and for how long it lives.
 
 After eviction each layer of the compressed cache carries a bias of shape (b, H_kv, S): the
-log-weight / tau of each stored prefix entry (S = the layer's largest kept count), and the dtype's
+log-weight / T of each stored prefix entry (T the press's temperature) (S = the layer's largest kept count), and the dtype's
 most negative finite value on padding. Every later forward on that cache reads it through the wrapped
 attention functions (``kvpress_prob.attention.corrected_sdpa``: self-normalised importance sampling
 as an additive logit bias; docs/method.md, "Correction").

@@ -93,7 +93,7 @@ OPTIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "head": (r"head", "budget='head' (one budget per head)", ("prob", "topk", "hybrid")),
     "global": (r"global", "budget='global' (one budget for the model)", ("prob", "topk", "hybrid")),
     "nocorr": (r"nocorr", "correct=False: the same kept set, no SNIS correction", ("prob", "topk", "hybrid")),
-    "sum": (r"sum(\d+)", "summary n_virtual=<c>: c virtual entries per KV head, charged to the budget", KINDS),
+    "sum": (r"sum(\d+)", "summary n_virtual=<V>: V virtual entries per KV head, charged to the budget", KINDS),
     "seg": (r"seg", "summary grouping='segments' (position segments, not k-means)", KINDS),
     "tau": (r"tau(\d+(?:\.\d+)?)", "summary weight=<tau>: log-weight log(tau count)", KINDS),
 }
@@ -223,6 +223,8 @@ def check(parts: Parts, name: str | None = None) -> None:
         _refuse(name, "span units take the priority design (written) or the topk kind")
     if parts.design not in DESIGNS[kind]:
         _refuse(name, f"design {parts.design!r} is not one of kind {kind!r}: {DESIGNS[kind]}")
+    if kind == "prob" and parts.unit.startswith("span") and "nowiden" not in keys:
+        _refuse(name, "priority over widened spans has biased weights (issue 19): add _nowiden")
     if "nowiden" in keys and not parts.unit.startswith("span"):
         _refuse(name, "nowiden applies to span units")
     if {"rank", "ent"} <= set(keys) or (({"rank", "ent"} & set(keys)) and parts.proposal not in SCORERS):

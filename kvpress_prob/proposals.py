@@ -163,7 +163,7 @@ def row_weights(n: int, rows: str, query_window: int | None, device) -> tuple[to
     return h / h.sum(), start
 
 
-def stratified_rows(h: torch.Tensor, s: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def segment_rows(h: torch.Tensor, s: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """An unbiased s-row sample of the mixture sum_j h_j p_j: (rows (k,), weights (k,)), k <= s.
 
     h (N,) >= 0, summing to 1 (the rows' prior, in position order). Returns row indices in
@@ -171,10 +171,10 @@ def stratified_rows(h: torch.Tensor, s: int, generator: torch.Generator) -> tupl
     p_j, and sum_r weight_r = sum_j h_j exactly (docs/method.md, "Sampled rows"):
     - certainty rows: the w heaviest rows, w the smallest count such that every other row weighs less
       than (rest mass) / (s - w); each is taken with its own weight h_j;
-    - the other rows, in position order, are cut into s - w contiguous strata of equal h-mass (a row
-      goes to the stratum holding the start of its mass interval); from each stratum S one row is
+    - the other rows, in position order, are cut into s - w contiguous segments of equal h-mass (a row
+      goes to the segment holding the start of its mass interval); from each segment S one row is
       drawn with probability h_j / h(S) and weighs h(S).
-    s >= N (or strata of one row each) takes every row with weight h_j: the exact mixture.
+    s >= N (or segments of one row each) takes every row with weight h_j: the exact mixture.
     Computed on the CPU in float64 from ``generator`` (a CPU generator): the same seed, the same rows
     on any device.
     """
@@ -188,26 +188,26 @@ def stratified_rows(h: torch.Tensor, s: int, generator: torch.Generator) -> tupl
     sorted_h = h[order]
     rest_mass = sorted_h.flip(0).cumsum(0).flip(0)  # rest_mass[w] = mass of sorted rows w..N-1
     w = torch.arange(s)
-    fits = (s - w) * sorted_h[:s] < rest_mass[:s] * (1 - 1e-12)  # the heaviest remaining row below a stratum
+    fits = (s - w) * sorted_h[:s] < rest_mass[:s] * (1 - 1e-12)  # the heaviest remaining row below a segment
     w = int(fits.to(torch.int8).argmax()) if bool(fits.any()) else s
     if w == s:  # only if the rows beyond the s heaviest weigh 0: those s rows are the exact mixture
         rows = order[:s].sort().values
         return rows, h[rows]
     certain = order[:w]
-    rest = order[w:].sort().values  # position order: strata are contiguous in recency
+    rest = order[w:].sort().values  # position order: segments are contiguous in recency
     m = s - w
     h_rest = h[rest]
     end = h_rest.cumsum(0)  # end of each row's mass interval
     begin = end - h_rest
-    stratum = torch.clamp((begin / end[-1] * m).floor().long(), max=m - 1)  # (N - w,)
-    mass = torch.zeros(m, dtype=torch.float64).index_add_(0, stratum, h_rest)  # h(S) per stratum
+    segment = torch.clamp((begin / end[-1] * m).floor().long(), max=m - 1)  # (N - w,)
+    mass = torch.zeros(m, dtype=torch.float64).index_add_(0, segment, h_rest)  # h(S) per segment
     index = torch.arange(rest.numel())
-    first = torch.full((m,), rest.numel(), dtype=torch.long).scatter_reduce_(0, stratum, index, "amin")
-    last = torch.full((m,), -1, dtype=torch.long).scatter_reduce_(0, stratum, index, "amax")
-    u = torch.rand(m, generator=generator, dtype=torch.float64)  # one uniform per stratum, drawn even if empty
+    first = torch.full((m,), rest.numel(), dtype=torch.long).scatter_reduce_(0, segment, index, "amin")
+    last = torch.full((m,), -1, dtype=torch.long).scatter_reduce_(0, segment, index, "amax")
+    u = torch.rand(m, generator=generator, dtype=torch.float64)  # one uniform per segment, drawn even if empty
     used = last >= 0
     first, last, mass, u = first[used], last[used], mass[used], u[used]
-    point = begin[first] + u * mass  # inverse CDF of h inside the stratum
+    point = begin[first] + u * mass  # inverse CDF of h inside the segment
     pick = torch.searchsorted(end, point, right=True).clamp(min=first, max=last)
     rows = torch.cat([rest[pick], certain])
     weights = torch.cat([mass, h[certain]])
@@ -340,10 +340,10 @@ class MinVarianceProposal(AttentionProposal):
 class SampledMinVarianceProposal(MinVarianceProposal):
     """pi_min-h from ``query_rows`` sampled query rows instead of all of them: O(s n) per head, not O(n^2).
 
-    The harmonic mixture sum_j h_j p_j(i) is estimated without bias by ``stratified_rows``: the most
+    The harmonic mixture sum_j h_j p_j(i) is estimated without bias by ``segment_rows``: the most
     recent rows (those heavier than an equal share of the rest) exactly, one row drawn with
-    probability proportional to h_j from each of the other strata of equal harmonic mass, weighted
-    by its stratum's mass. The estimate then goes through pi_min-h's own steps (times ||v_i||,
+    probability proportional to h_j from each of the other segments of equal harmonic mass, weighted
+    by its segment's mass. The estimate then goes through pi_min-h's own steps (times ||v_i||,
     normalised per query head, mean over the group, floor), so the proposal is a consistent, not
     unbiased, estimate of pi_min-h; the press's correction stays unbiased whatever proposal it
     samples from (docs/method.md, "Sampled rows"). query_rows >= the number of rows gives
@@ -353,7 +353,7 @@ class SampledMinVarianceProposal(MinVarianceProposal):
     ----------
     query_rows : int
         s >= 1: the number of query rows whose attention is computed (at most s; fewer when a
-        stratum is empty).
+        segment is empty).
     row_seed : int, default 0
         Seed of the row draws. Layer l draws from a CPU generator seeded with (row_seed, l): the same
         row_seed gives the same rows, so the same proposal, for the same prefill, on any device.
@@ -377,7 +377,7 @@ class SampledMinVarianceProposal(MinVarianceProposal):
         """Layer ``layer_idx``'s rows for a prefix of n: (positions (k,), weights (k,)), on the CPU."""
         h, start = row_weights(n, self.rows, self.query_window, "cpu")
         generator = torch.Generator().manual_seed(self.row_seed * 100_003 + int(layer_idx))
-        rows, weights = stratified_rows(h, self.query_rows, generator)
+        rows, weights = segment_rows(h, self.query_rows, generator)
         return rows + start, weights
 
     def mixture_rows(self, module, hidden_states, kwargs, n: int):

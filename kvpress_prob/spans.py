@@ -7,8 +7,8 @@ special token; digits, punctuation and word pieces stay with the word they follo
 greedily up to ``size`` tokens (a longer word is cut every ``size`` tokens). A kept unit is widened
 by ``widen`` tokens on each side, so the token before it (the space before a number, the end of
 the previous word) survives too. The widened tokens count against the budget: every head keeps at
-most int((1 - r) n) tokens in all, units included in order until the next one would not fit
-(docs/method.md, "Span-aware units").
+most int((1 - r) n) tokens in all, units included in order until the next one would not fit, and
+keeps exactly the tokens it charged (docs/method.md, "Span-aware units"). Widening is top-k only.
 
 The press learns the token ids of its prefill without leaving state behind: ``SpanPress`` hooks
 the model's input embedding inside its own ``with press(model):`` block only (the hook and the ids
@@ -69,16 +69,13 @@ def pack_units(starts: list[bool], size: int) -> torch.Tensor:
     return torch.tensor(unit_of, dtype=torch.long)
 
 
-def fixed_units(n: int, size: int) -> torch.Tensor:
-    """Unit index of each position for fixed blocks of ``size`` (the last one may be shorter)."""
-    return torch.arange(n) // size
-
-
-def greedy_fill(order: list[int], starts: list[int], ends: list[int], budget: int, widen: int) -> tuple[list[int], int]:
+def greedy_fill(order: list[int], starts: list[int], ends: list[int], budget: int, widen: int
+                ) -> tuple[list[int], int, bytearray]:
     """Units taken in ``order`` while the union of their widened spans fits in ``budget`` tokens.
 
     Unit u covers [starts[u], ends[u]) and, widened, ``widen`` more tokens each side. Returns (the
-    units taken, the index in ``order`` of the first unit that did not fit, len(order) if none)."""
+    units taken, the index in ``order`` of the first unit that did not fit, len(order) if none, and
+    the covered positions (n,) as bytes: exactly what is kept, and what was charged)."""
     n = ends[-1]
     covered = bytearray(n)
     used, taken = 0, []
@@ -86,11 +83,11 @@ def greedy_fill(order: list[int], starts: list[int], ends: list[int], budget: in
         lo, hi = max(0, starts[u] - widen), min(n, ends[u] + widen)
         new = hi - lo - sum(covered[lo:hi])
         if used + new > budget:
-            return taken, position
+            return taken, position, covered
         covered[lo:hi] = b"\x01" * (hi - lo)
         used += new
         taken.append(u)
-    return taken, len(order)
+    return taken, len(order), covered
 
 
 @dataclass(kw_only=True)
@@ -99,24 +96,31 @@ class SpanSampler(Sampler):
 
     A unit's proposal is the sum of its positions' pi. ``inner="topk"`` takes units by that sum,
     ``inner="priority"`` by the priority pi_u / u_u with u_u ~ U(0, 1] (Duffield, Lund and Thorup
-    2007), both until the head's budget of int((1 - r) n) tokens, widening included, is full. With
-    t the priority of the first unit that did not fit, unit u is kept with probability
-    p_u = min(1, pi_u / t) given t, and a token is kept if its own unit or a neighbour whose
-    widening reaches it is: its weight is 1 / (1 - prod_u (1 - p_u)) over those units, the
-    Horvitz-Thompson weight of priority sampling given t. Top-k keeps weight 1.
+    2007), both until the head's budget of int((1 - r) n) tokens, widening included, is full: the
+    kept tokens are exactly the tokens charged. Top-k keeps weight 1. Priority keeps unit u with
+    weight max(pi_u, t) / pi_u, t the priority of the first unit that did not fit (0 if all fit):
+    given the other units' priorities, u is kept exactly when its priority exceeds a threshold that
+    is then t, so E[w_u 1{u kept}] = 1 for units of any sizes that fit the budget (a longer unit is
+    refused at eviction: it could never be kept).
+
+    Priority sampling refuses ``widen`` > 0: a widened token is kept when its own unit or a
+    neighbour is, and the probability of that union under a token budget shared by neighbours has no
+    closed form (its product form 1 - prod_u (1 - p_u) assumed independent units and was biased by up
+    to 4 % per token, z = 45 in 200k draws); a unit whose widened span cannot fit would also be
+    given a probability above 0.
 
     The units are bound by ``SpanPress`` for the duration of its ``evict`` (``units``); the budget
     scope must be "head".
 
     Parameters
     ----------
-    inner : {"topk", "priority"}, default "priority"
+    inner : {"topk", "priority"}, default "topk"
         How units are chosen.
     widen : int, default 1
-        Tokens kept on each side of a kept unit, >= 0.
+        Tokens kept on each side of a kept unit, >= 0; 0 with "priority".
     """
 
-    inner: str = "priority"
+    inner: str = "topk"
     widen: int = 1
     units: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -125,6 +129,11 @@ class SpanSampler(Sampler):
             raise ValueError(f"inner must be one of {INNERS}, got {self.inner!r}")
         if self.widen < 0:
             raise ValueError(f"widen must be >= 0, got {self.widen}")
+        if self.inner == "priority" and self.widen > 0:
+            raise ValueError(
+                f"widen must be 0 with inner='priority', got {self.widen}: the inclusion probability of a token "
+                f"that a kept neighbour's widening may also keep has no closed form, so its weight would be biased "
+                f"(SpanSampler docstring); use inner='topk' to widen")
         self.random = self.inner == "priority"
 
     def __call__(self, pi, compression_ratio, scope, generator) -> Draw:
@@ -143,6 +152,12 @@ class SpanSampler(Sampler):
         unit_pi = torch.zeros(L, b, H, count, dtype=torch.float64, device=pi.device).index_add_(
             -1, units, pi.double())  # (L, b, H, U)
         budget = int((1.0 - compression_ratio) * n)
+        longest = max(e - s for s, e in zip(starts, ends))
+        if self.inner == "priority" and longest > budget:
+            raise ValueError(
+                f"SpanSampler(inner='priority'): a unit of {longest} tokens exceeds the head's budget of {budget} "
+                f"tokens (compression_ratio {compression_ratio}, n = {n}); it could never be kept, and no weight "
+                f"makes that unbiased: use a smaller unit size or a lower compression_ratio")
         if self.inner == "priority":
             u = 1.0 - torch.rand(unit_pi.shape, generator=generator, device=pi.device, dtype=torch.float64)
             key = unit_pi / u
@@ -150,35 +165,20 @@ class SpanSampler(Sampler):
             key = unit_pi
         order = key.argsort(dim=-1, descending=True, stable=True).cpu()
         key_cpu = key.cpu()
-        unit_keep = torch.zeros(L, b, H, count, dtype=torch.bool)
+        keep = torch.zeros(L, b, H, n, dtype=torch.bool)
         threshold = torch.zeros(L, b, H, 1, dtype=torch.float64)
         for index in torch.cartesian_prod(torch.arange(L), torch.arange(b), torch.arange(H)).tolist():
             ranked = order[tuple(index)].tolist()
-            taken, stop = greedy_fill(ranked, starts, ends, budget, self.widen)
-            unit_keep[tuple(index)][taken] = True
+            _, stop, covered = greedy_fill(ranked, starts, ends, budget, self.widen)
+            keep[tuple(index)] = torch.frombuffer(covered, dtype=torch.uint8).bool()
             if stop < count:
                 threshold[tuple(index)] = key_cpu[tuple(index)][ranked[stop]]
-        unit_keep, threshold = unit_keep.to(pi.device), threshold.to(pi.device)
-        keep_own = unit_keep[..., units]  # (L, b, H, n): the position's own unit is kept
-        keep = keep_own.clone()
-        position = torch.arange(n, device=pi.device)
-        first, last = position == torch.tensor(starts, device=pi.device)[units], position == (
-            torch.tensor(ends, device=pi.device)[units] - 1)
-        # neighbours whose widening reaches a position: the previous unit for a first token, the next for a last
-        prev_unit, next_unit = (units - 1).clamp_min(0), (units + 1).clamp_max(count - 1)
-        by_prev = first & (units > 0) & (self.widen > 0)
-        by_next = last & (units < count - 1) & (self.widen > 0)
-        keep |= by_prev & unit_keep[..., prev_unit]
-        keep |= by_next & unit_keep[..., next_unit]
+        keep, threshold = keep.to(pi.device), threshold.to(pi.device)
         if self.inner == "topk":
             log_weight = torch.where(keep, 0.0, float("-inf"))
-        else:
-            p_unit = torch.where(threshold > 0, (unit_pi / threshold.clamp_min(1e-300)).clamp(max=1.0),
-                                 torch.ones_like(unit_pi))  # (L, b, H, U)
-            miss = 1.0 - p_unit[..., units]
-            miss = miss * torch.where(by_prev, 1.0 - p_unit[..., prev_unit], 1.0)
-            miss = miss * torch.where(by_next, 1.0 - p_unit[..., next_unit], 1.0)
-            log_weight = torch.where(keep, -torch.log1p(-miss.clamp(max=1.0 - 1e-12)), float("-inf"))
+        else:  # widen = 0: a token is kept with its unit, weight max(pi_u, t) / pi_u
+            unit_log_weight = torch.log(torch.maximum(unit_pi, threshold)) - torch.log(unit_pi)  # (L, b, H, U)
+            log_weight = torch.where(keep, unit_log_weight[..., units], float("-inf"))
         kept = keep.sum(-1)
         return Draw(keep=keep, log_weight=log_weight.float(),
                     stats={"units": count, "kept_per_head": kept[:, 0].tolist(), "budget_per_head": budget})

@@ -133,7 +133,7 @@ def test_batch_larger_than_one_is_refused():
             model.model(input_ids=random_ids(64).repeat(2, 1), past_key_values=DynamicCache())
 
 
-def test_strata_exceeding_the_budget_are_refused():
+def test_sinks_and_window_exceeding_the_budget_are_refused():
     with pytest.raises(ValueError, match="n_sink \\+ window"):
         prefill(tiny_model("llama"), get_press("prob_min", 0.9, n_sink=4, window=16), n=64)
 

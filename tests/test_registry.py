@@ -19,8 +19,9 @@ from kvpress_prob.samplers.priority import PrioritySampler
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAPSHOT = json.loads((DATA / "registry-a1ed234.json").read_text())
-#: Names of the snapshot no longer registered, each with its reason (none removed yet).
-REMOVED: dict[str, str] = {}
+#: Names of the snapshot no longer registered, each with its reason.
+REMOVED: dict[str, str] = {name: "priority over widened spans: biased weights, removed (issue 19 item 1)"
+                           for name in ("prob_tova_span8_priority", "prob_keydiff_span8_priority_ent")}
 #: Classes that moved module since the snapshot: old path -> new path.
 MOVED = {"kvpress_prob.registry.EagerObservedAttentionPress": "kvpress_prob.h2o.EagerObservedAttentionPress"}
 #: Init fields added to a class since the snapshot: name -> why (a new field is ignored only if named here).
@@ -45,6 +46,7 @@ def without_new_fields(new, old):
 
 def test_every_snapshot_name_builds_an_equal_press():
     assert set(SNAPSHOT) - set(REMOVED) <= set(PRESSES), sorted(set(SNAPSHOT) - set(REMOVED) - set(PRESSES))
+    assert not set(REMOVED) & set(PRESSES)
     for name in sorted(set(SNAPSHOT) - set(REMOVED)):
         for r in RATIOS:
             old = moved(SNAPSHOT[name][str(r)])
@@ -76,6 +78,7 @@ def test_names_parse_back_into_their_parts():
     ("prob_tova_threshold_strata", "applies to the poisson design"),
     ("prob_tova_nocorr_s4", "out of order"),
     ("prob_tova_span8", "span units take the priority design"),
+    ("prob_tova_span8_priority", "biased weights"),
     ("prob_min_h_rank", "calibrate one kvpress scorer"),
     ("h2o_adaptive", "no scorer"),
     ("keydiff_block8", "keeps tokens"),
@@ -127,3 +130,12 @@ def test_a_field_added_since_the_snapshot_is_ignored_only_when_named(monkeypatch
     assert without_new_fields(new, old) == old
     new["fields"]["a"] = "2"  # a changed field still counts
     assert without_new_fields(new, old) != old
+
+
+def test_every_rejected_name_keeps_its_row_and_reason_in_the_docs():
+    text = (ROOT / "docs" / "presses.md").read_text().split("## Rejected designs", 1)[1]
+    for entry in CATALOGUE.values():
+        if entry.status == "rejected":
+            assert f"| `{entry.name}` | {entry.family} | {entry.finding} |" in text, entry.name
+    for name in REMOVED:
+        assert f"| `{name}` |" in text, name

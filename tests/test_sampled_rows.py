@@ -7,7 +7,7 @@ import pytest
 import torch
 from test_proposals import eager_attention, layer_inputs, reference
 
-from kvpress_prob.proposals import MinVarianceProposal, SampledMinVarianceProposal, row_weights, stratified_rows
+from kvpress_prob.proposals import MinVarianceProposal, SampledMinVarianceProposal, row_weights, segment_rows
 
 K_SE = 5.0  # standard errors; with ~300 entries P(any |Z| > 5) < 300 * 5.7e-7 under the CLT
 
@@ -18,7 +18,7 @@ def mixture_draws(A, h, s, draws, seed, naive=False):
     g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(draws):
-        rows, w = stratified_rows(h, s, g)
+        rows, w = segment_rows(h, s, g)
         if naive:
             w = h.double()[rows] / h.double()[rows].sum()
         assert torch.all(rows[1:] > rows[:-1]) and len(rows) <= s  # distinct rows, in order, at most s
@@ -62,7 +62,7 @@ def test_uniform_prior_is_unbiased_too(attention):
     assert z < K_SE and fixed < 1e-9
 
 
-def test_recent_rows_are_taken_exactly_and_old_strata_have_equal_mass():
+def test_recent_rows_are_taken_exactly_and_old_segments_have_equal_mass():
     n, s = 1000, 40
     h, _ = row_weights(n, "harmonic", None, "cpu")
     h = h.double()
@@ -71,8 +71,8 @@ def test_recent_rows_are_taken_exactly_and_old_strata_have_equal_mass():
     w = next(w for w in range(s) if (s - w) * h[n - 1 - w] < h[: n - w].sum())
     assert w == 6
     for seed in range(5):
-        rows, weight = stratified_rows(h, s, torch.Generator().manual_seed(seed))
-        assert len(rows) == s  # every stratum holds a row: all sampled rows are lighter than a stratum
+        rows, weight = segment_rows(h, s, torch.Generator().manual_seed(seed))
+        assert len(rows) == s  # every segment holds a row: all sampled rows are lighter than a segment
         assert rows[-w:].tolist() == list(range(n - w, n)) and torch.equal(weight[-w:], h[n - w:])
         share = float(h[: n - w].sum()) / (s - w)
         torch.testing.assert_close(weight[:10], torch.full((10,), share, dtype=h.dtype), rtol=0.02, atol=0)

@@ -144,7 +144,7 @@ def test_global_budget_spends_more_on_flat_heads():
     assert (head - n / 2).abs().max() < 4 * math.sqrt(n / 4)  # each head near its own budget
 
 
-def test_strata_are_kept_exactly_with_weight_one():
+def test_sinks_and_window_are_kept_exactly_with_weight_one():
     pi = heads(L=2, H=2, n=128)
     result = draw(pi, 0.5, "global", torch.Generator().manual_seed(0), n_sink=4, window=8)
     exact = torch.zeros(128, dtype=torch.bool)
@@ -208,7 +208,8 @@ from kvpress_prob.samplers.block import BlockSampler  # noqa: E402
 
 DESIGNS = [PoissonSampler(), PoissonSampler(inclusion_weights=True), ThresholdSampler(), PrioritySampler(),
            ThresholdSampler(min_keep=0.9), PrioritySampler(min_keep=0.9), BlockSampler(size=3),
-           BlockSampler(size=4, inner=PrioritySampler()), BlockSampler(size=5, inner=PoissonSampler())]
+           BlockSampler(size=4, inner=PrioritySampler()), BlockSampler(size=5, inner=PoissonSampler()),
+           BlockSampler(size=3, inner=PrioritySampler())]  # 14 blocks: a block budget of 5.6, rounded at random
 
 
 def weighted_totals(sampler, pi, y, reps, ratio=0.6, seed=0):
@@ -292,3 +293,44 @@ def test_block_sampler_keeps_whole_blocks_with_one_weight():
     assert not BlockSampler(inner=TopKSampler()).random and BlockSampler().random
     with pytest.raises(ValueError, match="size"):
         BlockSampler(size=0)
+
+
+# ---------------------------------------------------------------- whole counts meet the budget
+from kvpress_prob.samplers.stratified import StratifiedSampler  # noqa: E402
+
+
+@pytest.mark.parametrize("scope", ["global", "layer", "head"])
+@pytest.mark.parametrize("sampler", [PrioritySampler(), TopKSampler(), StratifiedSampler(alpha=0.5)], ids=repr)
+def test_whole_count_designs_keep_exactly_the_scope_budget(sampler, scope):
+    """A design that keeps a whole count per head keeps exactly floor(budget) entries in each group
+    of the scope (2 layers x 4 heads x 50 entries at r = 0.51: 24.5 per head, 98 per layer, 196 in
+    all); rounding each head down kept 192 of 196 under "global"."""
+    pi = heads(L=2, H=4, n=50, seed=4)
+    kept = sampler(pi, 0.51, scope, torch.Generator().manual_seed(0)).keep.sum(-1)[:, 0]  # (L, H)
+    totals = {"global": kept.sum().reshape(1), "layer": kept.sum(-1), "head": kept.flatten()}[scope]
+    budget = {"global": 196, "layer": 98, "head": 24}[scope]
+    assert (totals == budget).all(), totals.tolist()
+
+
+@pytest.mark.parametrize("scope", ["head", "global"])
+@pytest.mark.parametrize("inner", [PrioritySampler(), StratifiedSampler(alpha=0.5)], ids=repr)
+def test_block_with_a_whole_count_inner_meets_the_budget_in_expectation(inner, scope):
+    """Blocks of 8 over n = 40 at r = 0.55: (1 - r) 5 = 2.25 blocks (18 tokens) per head. The block
+    budget of the scope (2.25 blocks a head, 13.5 for 2 x 3 heads) is rounded up with probability
+    its fractional part, so the kept tokens per head average 18 (the floor kept 16). The count of
+    one call is 8 (floor + Bernoulli(f)) blocks' worth over the group: its exact variance gives
+    the standard error of the mean over 400 seeds, tolerance 4.5 of them."""
+    L, H = (1, 1) if scope == "head" else (2, 3)
+    pi = heads(L=L, H=H, n=40, seed=6)
+    sampler = BlockSampler(size=8, inner=inner)
+    per_head = torch.stack([sampler(pi, 0.55, scope, torch.Generator().manual_seed(s)).keep.sum(-1).double().mean()
+                            for s in range(400)])
+    blocks = L * H * 5 * 0.45
+    f = blocks - math.floor(blocks)
+    se = 8 * math.sqrt(f * (1 - f)) / (L * H) / math.sqrt(400)
+    assert abs(float(per_head.mean()) - 18) < 4.5 * se, float(per_head.mean())
+
+
+def test_block_refuses_an_inner_with_sinks_or_a_window():
+    with pytest.raises(ValueError, match="n_sink = window = 0"):
+        BlockSampler(size=8, inner=PoissonSampler(n_sink=4))

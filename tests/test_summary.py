@@ -2,6 +2,7 @@
 entries, in the pipeline, the shared-prefill runner's batch, generate and bf16."""
 
 import math
+from dataclasses import fields
 
 import pytest
 import torch
@@ -13,44 +14,69 @@ from evaluation.engine import Prefill
 from evaluation.runner import configurations
 from kvpress_prob import correction, get_press
 from kvpress_prob.attention import corrected_sdpa
-from kvpress_prob.summary import Summary, SummaryPress, SummarySamplingPress
+from kvpress_prob.press import SamplingPress
+from kvpress_prob.proposals import ScoreProposal
+from kvpress_prob.samplers.threshold import ThresholdSampler
+from kvpress_prob.spans import SpanPress, SpanSampler
+from kvpress_prob.summary import Summary, SummaryPress, SummarySamplingPress, summarised
 
 
-def slow_reference(query, keys, values, kept, log_w, evicted_groups, tau, scaling):
-    """Attention of one query (H_q, d) over explicit entries, head by head, in a Python loop: a new
-    token with key and value 0, each kept entry i with weight w_i' = 1 + (1 - tau)(w_i - 1), and for each group of evicted
-    positions one virtual entry (mean key, mean value) with weight tau * |group|."""
-    hq, hkv = query.shape[0], keys.shape[0]
-    out = torch.zeros(hq, values.shape[-1], dtype=torch.float64)
+def slow_reference(query, entries, scaling):
+    """Attention of one query (H_q, d) over explicit (weight, key, value) entries per KV head, in a
+    Python loop: sum_j a_j e^{q.k_j s} v_j / sum_j a_j e^{q.k_j s}."""
+    hq, hkv = query.shape[0], len(entries)
+    out = torch.zeros(hq, len(entries[0][0][2]), dtype=torch.float64)
     for h in range(hq):
-        g = h // (hq // hkv)
-        entries = [(1.0, torch.zeros_like(keys[g, 0]), torch.zeros_like(values[g, 0]))]  # the new token: key 0, value 0
-        for i in kept[g]:
-            entries.append((1 + (1 - tau) * (math.exp(log_w[g][i]) - 1), keys[g, i], values[g, i]))
-        for group in evicted_groups[g]:
-            if group:
-                k = sum(keys[g, i].double() for i in group) / len(group)
-                v = sum(values[g, i].double() for i in group) / len(group)
-                entries.append((tau * len(group), k, v))
-        scores = [w * math.exp(float(query[h].double() @ k.double()) * scaling) for w, k, _ in entries]
-        total = sum(scores)
-        out[h] = sum(s * v.double() for s, (_, _, v) in zip(scores, entries)) / total
+        head = entries[h // (hq // hkv)]
+        scores = [a * math.exp(float(query[h].double() @ k.double()) * scaling) for a, k, _ in head]
+        out[h] = sum(s * v.double() for s, (_, _, v) in zip(scores, head)) / sum(scores)
     return out
 
 
-def segments(evicted_positions, c):
-    """Split a list of positions into c runs of equal count, the first runs shorter by rounding."""
+def segments(evicted_positions, V):
+    """Split a list of positions into V runs of equal count, the first runs shorter by rounding."""
     m = len(evicted_positions)
-    return [[p for r, p in enumerate(evicted_positions) if r * c // m == j] for j in range(c)]
+    return [[p for r, p in enumerate(evicted_positions) if r * V // m == j] for j in range(V)]
+
+
+def test_summary_bias_against_hand_written_entries():
+    """One head, six entries, written out by hand: entries 0 and 3 kept with importance weights 1
+    and 4, a padding slot, entries {1, 2} and {4, 5} evicted into two segments, tau = 0.5. The
+    weights are 1, 1 + 0.5 * 3 = 2.5, 0 (padding), 0.5 * 2 = 1 and 1 (the two virtual entries, at
+    the means of their keys and values), 1 for the new token (key and value 0)."""
+    k = torch.tensor([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0], [-1.0, 0.5], [2.0, -1.0], [0.0, -2.0]])
+    v = torch.tensor([[1.0, 2.0], [3.0, -1.0], [0.0, 1.0], [-2.0, 0.0], [1.0, 1.0], [4.0, 2.0]])
+    evicted = torch.tensor([[[False, True, True, False, True, True]]])
+    summary = Summary(n_virtual=2, grouping="segments", weight=0.5)
+    count, key_mean, value_mean = summary.summarise(k[None, None], v[None, None], evicted)
+    stored_log_w = torch.tensor([[[0.0, math.log(4.0), 0.0]]])  # kept 0, kept 3, padding
+    real = torch.tensor([[[True, True, False]]])
+    kept_bias, virtual_bias = summary.log_weights(count, stored_log_w, real)
+    stored_k = torch.cat([k[[0, 3]], torch.full((1, 2), 7.0), key_mean[0, 0], torch.zeros(1, 2)])[None, None]
+    stored_v = torch.cat([v[[0, 3]], torch.full((1, 2), 9.0), value_mean[0, 0], torch.zeros(1, 2)])[None, None]
+    query = torch.tensor([[[[0.7, -0.4]]]])
+    ours = corrected_sdpa(query, stored_k, stored_v, torch.cat([kept_bias, virtual_bias], -1), 1.0)[0, 0, 0]
+    entries = [[(1.0, k[0], v[0]), (2.5, k[3], v[3]),
+                (1.0, torch.tensor([0.5, 1.5]), torch.tensor([1.5, 0.0])),  # mean of entries 1 and 2
+                (1.0, torch.tensor([1.0, -1.5]), torch.tensor([2.5, 1.5])),  # mean of entries 4 and 5
+                (1.0, torch.zeros(2), torch.zeros(2))]]
+    reference = slow_reference(query[0, :, 0], entries, 1.0)[0]
+    torch.testing.assert_close(ours.double(), reference, atol=1e-6, rtol=1e-6)
+    assert count.tolist() == [[[2.0, 2.0]]]
 
 
 @pytest.mark.parametrize("sampled", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_summary_attention_equals_explicit_virtual_entries(sampled, dtype):
+    """The whole path (prefill, draw or top-k, cut, summary, bias) against dense attention over the
+    explicit entries: each kept position with its weight (1 for top-k; for the priority draw,
+    whose w_i the draw reports, tau for the entry itself plus (1 - tau) for its w_i sampled
+    copies), each segment of evicted positions as one entry at its mean key and value of weight
+    tau * |segment|, computed from the full keys in a Python loop."""
     model = tiny_model("llama", dtype=dtype)
-    n, c, tau = 48, 3, 0.5
+    n, V, tau = 48, 3, 0.5
     ids = torch.randint(3, 100, (1, n), generator=torch.Generator().manual_seed(1))
-    summary = Summary(n_virtual=c, grouping="segments", weight=tau)
+    summary = Summary(n_virtual=V, grouping="segments", weight=tau)
     if sampled:
         press = get_press("prob_tova_priority", 0.5)
         press = SummarySamplingPress(proposal=press.proposal, sampler=press.sampler, compression_ratio=0.5,
@@ -65,32 +91,34 @@ def test_summary_attention_equals_explicit_virtual_entries(sampled, dtype):
     module = shared.layers[layer_idx].self_attn
     bias = correction.bias_of(module, cache)
     hkv = full_keys.shape[0]
-    assert keys.shape[2] == int(n * 0.5) if not sampled else True  # equal memory: kvpress's count
-    # which full positions each stored real entry is: match rows of the full keys
-    kept, log_w, groups = [], [], []
+    assert keys.shape[2] == n // 2  # equal memory: kvpress's count, V of them virtual
+    entries = []
     for g in range(hkv):
         if sampled:
             keep = press.last_draw.keep[layer_idx, 0, g]
-            lw = press.last_draw.log_weight[layer_idx, 0, g]
+            w = press.last_draw.log_weight[layer_idx, 0, g].double().exp()
         else:
-            real = keys[0, g, : keys.shape[2] - c]
+            real = keys[0, g, : keys.shape[2] - V]
             keep = (full_keys[g][:, None, :] == real[None]).all(-1).any(-1)
-            lw = torch.zeros(n)
-        assert int(keep.sum()) == (n // 2 - c)  # c fewer real entries than the budget
-        positions = keep.nonzero()[:, 0].tolist()
-        kept.append(positions)
-        log_w.append({i: float(lw[i]) for i in positions})
-        groups.append(segments((~keep).nonzero()[:, 0].tolist(), c))
+            w = torch.ones(n, dtype=torch.float64)
+        assert int(keep.sum()) == n // 2 - V  # V fewer real entries than the budget
+        head = [(tau + (1 - tau) * float(w[i]), full_keys[g, i], full_values[g, i]) for i in keep.nonzero()[:, 0]]
+        for group in segments((~keep).nonzero()[:, 0].tolist(), V):
+            head.append((tau * len(group), full_keys[g, group].double().mean(0), full_values[g, group].double().mean(0)))
+        head.append((1.0, torch.zeros(16), torch.zeros(16)))  # the new token: key 0, value 0
+        entries.append(head)
+    if sampled:
+        assert any(a > 1.5 for head in entries for a, _, _ in head[: n // 2 - V])  # weights other than 1 are tested
     query = torch.randn(1, 4, 1, 16, generator=torch.Generator().manual_seed(2)).to(dtype)
     scaling = 16 ** -0.5
     # the fast path: corrected attention over the stored entries (real, virtual) and a new token (key, value 0)
     new_k, new_v = torch.zeros(1, hkv, 1, 16, dtype=dtype), torch.zeros(1, hkv, 1, 16, dtype=dtype)
     ours = corrected_sdpa(query, torch.cat([keys, new_k], 2), torch.cat([values, new_v], 2), bias, scaling)
-    reference = slow_reference(query[0, :, 0], full_keys, full_values, kept, log_w, groups, tau, scaling)
+    reference = slow_reference(query[0, :, 0], entries, scaling)
     tol = 1e-4 if dtype == torch.float32 else 1e-2  # bf16: keys, values and means rounded to 8 bits
     torch.testing.assert_close(ours[0, 0].double(), reference, atol=tol, rtol=tol)
     # without the summary the attention differs: the test can fail
-    plain = slow_reference(query[0, :, 0], full_keys, full_values, kept, log_w, [[] for _ in range(hkv)], tau, scaling)
+    plain = slow_reference(query[0, :, 0], [head[: n // 2 - V] + head[-1:] for head in entries], scaling)
     assert (plain - reference).norm() > 5 * (ours[0, 0].double() - reference).norm()
 
 
@@ -118,12 +146,12 @@ def test_equal_memory_and_tempered_weights():
         cache = shared.compress(get_press(name, 0.75))
         assert [lay.keys.shape for lay in cache.layers] == [lay.keys.shape for lay in plain.layers], name
         bias = correction.bias_of(shared.layers[0].self_attn, cache)
-        c = int(name.split("_sum")[1].split("_")[0])
+        V = int(name.split("_sum")[1].split("_")[0])
         tau = float(name.split("_tau")[1]) if "_tau" in name else 1.0
-        assert (bias[..., :-c] == 0).all()
-        counts = bias[..., -c:].float().exp() / tau  # tau * count
-        assert torch.allclose(counts.sum(-1), torch.full_like(counts.sum(-1), 64 - (16 - c)), rtol=1e-2)  # all evicted
-    # a prompt too short for c = 64: c is capped at the budget minus one (16 - 1), one real entry kept
+        assert (bias[..., :-V] == 0).all()
+        counts = bias[..., -V:].float().exp() / tau  # tau * count
+        assert torch.allclose(counts.sum(-1), torch.full_like(counts.sum(-1), 64 - (16 - V)), rtol=1e-2)  # all evicted
+    # a prompt too short for V = 64: V is capped at the budget minus one (16 - 1), one real entry kept
     capped = shared.compress(get_press("keydiff_sum64", 0.75))
     assert capped.layers[0].keys.shape == plain.layers[0].keys.shape
     counts = correction.bias_of(shared.layers[0].self_attn, capped)[..., 1:].float().exp().sum(-1)  # 15 virtual
@@ -153,3 +181,49 @@ def test_summary_presses_in_pipeline_runner_and_batch(arch, tmp_path, tokenizer)
         answer = pipe(row.context, question=row.question, answer_prefix=row.answer_prefix, press=cfg.build(),
                       max_new_tokens=5)["answer"]
         assert answer == a.loc[(row.example_id, cfg.label, 0.5, cfg.seed), "prediction"], cfg
+
+
+@pytest.mark.parametrize("tau", [0.1, 0.5, 1.0])
+def test_expected_stored_count_is_n_at_every_tau(tau):
+    """E[sum_kept (1 + (1 - tau)(w_i - 1)) + tau sum_g N_g] = n for a random-size threshold draw:
+    the stored bias of 200 seeds (each the 3 layers x 2 heads of a tiny model, n = 48, V = 2),
+    exp-summed over the stored entries (padding adds 0), against n; tolerance 4.5 Monte Carlo
+    standard errors of the mean over the 200 seeds."""
+    model = tiny_model("llama")
+    n = 48
+    shared = Prefill(model, torch.randint(3, 100, (1, n), generator=torch.Generator().manual_seed(4)))
+    totals = []
+    for seed in range(200):
+        press = SummarySamplingPress(proposal=ScoreProposal(scorer=KeyDiffPress()), sampler=ThresholdSampler(),
+                                     compression_ratio=0.5, budget="head", seed=seed, bias_dtype="float32",
+                                     summary=Summary(n_virtual=2, grouping="segments", weight=tau))
+        cache = shared.compress(press)
+        per_head = [correction.bias_of(layer.self_attn, cache).double().exp().sum(-1).mean() for layer in shared.layers]
+        totals.append(float(torch.stack(per_head).mean()))
+    totals = torch.tensor(totals, dtype=torch.float64)
+    se = float(totals.std()) / len(totals) ** 0.5
+    assert abs(float(totals.mean()) - n) < 4.5 * se + 1e-6, (float(totals.mean()), se)
+    if tau < 1:
+        assert se > 0.01  # the kept weights vary: the check is not of a constant
+
+
+def test_summary_sampling_press_refuses_a_temperature():
+    """At T = 2 the stored count fell to 39.4 of n = 48 (z = -118 over 200 seeds of the test above):
+    no power w^(1/T) keeps the expected count n, so a summary press has tau as its one tempering."""
+    with pytest.raises(ValueError, match="temperature must be 1 with a summary"):
+        SummarySamplingPress(proposal=ScoreProposal(scorer=KeyDiffPress()), temperature=2.0)
+    with pytest.raises(ValueError, match="temperature must be 1 with a summary"):
+        get_press("hybrid_keydiff_block8_a75_sum4", 0.5, temperature=float("inf"))
+
+
+def test_summarised_keeps_every_field_and_refuses_a_span_press():
+    base = SamplingPress(proposal=ScoreProposal(scorer=KeyDiffPress()), sampler=ThresholdSampler(min_keep=0.3),
+                         compression_ratio=0.4, budget="layer", seed=7, correct=False, bias_dtype="float32")
+    press = summarised(base, Summary(n_virtual=2))
+    assert type(press) is SummarySamplingPress and press.summary == Summary(n_virtual=2)
+    assert all(getattr(press, f.name) == getattr(base, f.name) for f in fields(base) if f.init)
+    again = summarised(press, Summary(n_virtual=3, weight=0.5))
+    assert again.summary.n_virtual == 3 and again.seed == 7 and again.budget == "layer"
+    with pytest.raises(TypeError, match="SpanPress"):
+        summarised(SpanPress(proposal=ScoreProposal(scorer=KeyDiffPress()), sampler=SpanSampler(), budget="head"),
+                   Summary())

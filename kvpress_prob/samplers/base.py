@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvpress_prob.budget import SCOPES
+
 
 @dataclass
 class Draw:
@@ -35,6 +37,9 @@ class Sampler:
 
     #: whether the kept set depends on the seed (False for deterministic designs such as top-k)
     random: bool = field(default=True, init=False, repr=False)
+    #: whether each head keeps a whole count (``whole_counts``) rather than a random one with the
+    #: budget as its expectation (``BlockSampler`` then rounds its block budget at random)
+    whole_count: bool = field(default=False, init=False, repr=False)
 
     def __call__(self, pi: torch.Tensor, compression_ratio: float, scope: str, generator: torch.Generator) -> Draw:
         raise NotImplementedError
@@ -45,6 +50,13 @@ def renormalise(pi: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     pi = pi * allowed
     total = pi.sum(dim=-1, keepdim=True)
     return torch.where(total > 0, pi / total.clamp_min(1e-300), pi)
+
+
+def exact_top(pi: torch.Tensor, count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exact top stratum: (mask (..., n) of the ``count`` (...,) entries of largest pi (..., n),
+    pi restricted to the other entries and renormalised per head)."""
+    top = top_by_rank(pi, count)
+    return top, renormalise(pi, ~top)
 
 
 def top_by_rank(pi: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
@@ -61,3 +73,33 @@ def top_by_rank(pi: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
 def check_ratio(compression_ratio: float) -> None:
     if not 0.0 <= compression_ratio < 1.0:
         raise ValueError(f"compression_ratio must be in [0, 1), got {compression_ratio}")
+
+
+def head_target(pi: torch.Tensor, compression_ratio: float, fixed: int = 0) -> torch.Tensor:
+    """Each head's expected kept count (L, b, H, 1) float64 for pi (L, b, H, n): (1 - r) n, less the
+    ``fixed`` entries every head keeps surely."""
+    check_ratio(compression_ratio)
+    L, b, H, n = pi.shape
+    return torch.full((L, b, H, 1), (1.0 - compression_ratio) * n - fixed, dtype=torch.float64, device=pi.device)
+
+
+def whole_counts(allocation: torch.Tensor, scope: str) -> torch.Tensor:
+    """Whole kept counts (L, b, H) long from real per-head allocations (L, b, H) whose sum over
+    each group of ``scope`` is the group's budget: the group keeps floor(budget) entries in all (1e-6
+    absorbs the solvers' rounding), each head floor(a_h) or one more, the extra ones to the largest
+    fractional parts (largest remainder; ties in head order). "head": floor(a_h), kvpress's count."""
+    if scope not in SCOPES:
+        raise ValueError(f"budget must be one of {SCOPES}, got {scope!r}")
+    a = allocation.double()
+    L, b, H = a.shape
+    if scope == "head":
+        return torch.floor(a + 1e-6).long()
+    grouped = a.permute(1, 0, 2).reshape(b, L * H) if scope == "global" else a  # groups along the last dim
+    whole = torch.floor(grouped + 1e-6)
+    extra = (torch.floor(grouped.sum(-1, keepdim=True) + 1e-6) - whole.sum(-1, keepdim=True)).clamp_min(0)
+    order = (grouped - whole).argsort(dim=-1, descending=True, stable=True)
+    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(order.shape[-1], device=a.device).expand_as(order))
+    whole = whole + (rank < extra).double()
+    if scope == "global":
+        whole = whole.view(b, L, H).permute(1, 0, 2)
+    return whole.long()

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import torch
 
 from kvpress_prob.budget import expected_kept, inclusion_probability, scope_target, solve_draws
-from kvpress_prob.samplers.base import Draw, Sampler, check_ratio, renormalise, top_by_rank
+from kvpress_prob.samplers.base import Draw, Sampler, exact_top, head_target, renormalise
 
 
-def exact_strata(n: int, n_sink: int, window: int, device) -> torch.Tensor:
+def sinks_and_window(n: int, n_sink: int, window: int, device) -> torch.Tensor:
     """(n,) bool: the first ``n_sink`` and last ``window`` positions."""
     fixed = torch.zeros(n, dtype=torch.bool, device=device)
     fixed[: min(n_sink, n)] = True
@@ -63,8 +63,8 @@ class PoissonSampler(Sampler):
     Parameters
     ----------
     n_sink, window : int, default 0
-        Exact strata (beyond the paper): the first ``n_sink`` and last ``window`` positions are kept
-        in every head with weight 1; they count against the budget.
+        Sinks and window (beyond the paper): the first ``n_sink`` and last ``window`` positions are
+        kept in every head with weight 1; they count against the budget.
     alpha : float, default 0.0
         Exact top stratum (beyond the paper), in [0, 1): the top ``alpha`` fraction of each head's
         allocation, by pi, is kept with weight 1 and the rest sampled from pi restricted to the
@@ -91,27 +91,22 @@ class PoissonSampler(Sampler):
             raise ValueError(f"n_sink and window must be >= 0, got {self.n_sink} and {self.window}")
 
     def __call__(self, pi, compression_ratio, scope, generator) -> Draw:
-        check_ratio(compression_ratio)
         L, b, H, n = pi.shape
         pi = pi.double()
-        fixed = exact_strata(n, self.n_sink, self.window, pi.device)
+        fixed = sinks_and_window(n, self.n_sink, self.window, pi.device)
         n_fixed = int(fixed.sum())
-        budget = (1.0 - compression_ratio) * n  # expected kept entries per head
-        if n_fixed > budget:
-            raise ValueError(
-                f"n_sink + window = {n_fixed} exceed the kept budget (1 - compression_ratio) * n = {budget:.1f}"
-            )
+        per_head = head_target(pi, compression_ratio, n_fixed)  # (L, b, H, 1): sampled entries per head
+        if bool((per_head < 0).any()):
+            raise ValueError(f"n_sink + window = {n_fixed} exceed the kept budget (1 - compression_ratio) * n = "
+                             f"{(1.0 - compression_ratio) * n:.1f}")
         pi_rest = renormalise(pi, ~fixed)
-        per_head = torch.full((L, b, H, 1), budget - n_fixed, dtype=torch.float64, device=pi.device)
-        target = scope_target(per_head, scope)
-        m = solve_draws(pi_rest, target, scope)  # the scope's group shape
+        m = solve_draws(pi_rest, scope_target(per_head, scope), scope)  # the scope's group shape
         exact = fixed.expand(L, b, H, n)
         if self.alpha > 0:
             k = expected_kept(pi_rest, m.expand(L, b, H, 1))  # (L, b, H): each head's allocation
             a = torch.round(self.alpha * k).long()
-            top = top_by_rank(pi_rest, a)
+            top, pi_rest = exact_top(pi_rest, a)
             exact = exact | top
-            pi_rest = renormalise(pi_rest, ~top)
             m = solve_draws(pi_rest, (k - a).clamp_min(0).unsqueeze(-1), "head")
         m = m.expand(L, b, H, 1)
         sampled, log_w = poisson_sample(pi_rest, m, generator, self.coordinated, self.inclusion_weights)

@@ -18,8 +18,9 @@ class PrioritySampler(ThresholdSampler):
     max(pi_i, t) / pi_i. The weighted sum is unbiased for every subset sum, the kept count is exactly
     k_h (no padding from random sizes) and the variance is near the best of any k-entry design.
 
-    k_h is the head's expected count under threshold sampling's allocation over the budget's scope
-    (int((1 - r) n) with ``budget="head"``), rounded down; see ``ThresholdSampler``.
+    k_h is the head's expected count under threshold sampling's allocation over the budget's scope,
+    made whole by ``whole_counts``: int((1 - r) n) with ``budget="head"``, and under "layer" or
+    "global" the floor of the scope's budget in all (largest remainder); see ``ThresholdSampler``.
 
     Parameters
     ----------
@@ -27,12 +28,13 @@ class PrioritySampler(ThresholdSampler):
         Allocation floor, in [0, 1], as in ``ThresholdSampler``.
     """
 
+    def __post_init__(self):
+        super().__post_init__()
+        self.whole_count = True
+
     def __call__(self, pi, compression_ratio, scope, generator) -> Draw:
-        n = pi.shape[-1]
-        pi = pi.double()
-        q, _ = self.inclusion(pi, compression_ratio, scope)
-        k = torch.floor(q.sum(-1) + 1e-6).long().clamp(max=n)  # (L, b, H)
-        keep, log_weight = priority_draw(pi, k, generator)
+        k = self.allocation(pi, compression_ratio, scope).long().clamp(max=pi.shape[-1])  # (L, b, H)
+        keep, log_weight = priority_draw(pi.double(), k, generator)
         return Draw(keep=keep, log_weight=log_weight.float(), stats={"kept_per_head": k[:, 0].tolist()})
 
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import torch
 
 from kvpress_prob.budget import solve_threshold, threshold_inclusion
-from kvpress_prob.samplers.base import Draw, renormalise, top_by_rank
+from kvpress_prob.samplers.base import Draw, exact_top
 from kvpress_prob.samplers.priority import priority_draw
-from kvpress_prob.samplers.threshold import ThresholdSampler
+from kvpress_prob.samplers.threshold import ThresholdSampler, threshold_draw
 
 DESIGNS = ("priority", "threshold")
 
@@ -20,11 +20,12 @@ class StratifiedSampler(ThresholdSampler):
     estimators of vAttention, 2025, and of stratified survey sampling).
 
     Each head's allocation k_h is threshold sampling's expected count over the budget's scope (as
-    ``ThresholdSampler``; int((1 - r) n) with ``budget="head"``). Its round(alpha k_h) units of
-    largest pi are kept with weight 1; the remaining k_h - round(alpha k_h) are drawn from the other
-    units by ``design`` on pi restricted to them, with Horvitz-Thompson weights: "priority" keeps
-    exactly that many (weights max(pi, t) / pi), "threshold" keeps them in expectation (1 / q_i).
-    So sum_kept w_i f_i is unbiased for sum_i f_i (E[w_i 1{i kept}] = 1 for every unit).
+    ``ThresholdSampler``; int((1 - r) n) with ``budget="head"``), made whole by ``whole_counts``
+    for "priority". Its round(alpha k_h) units of largest pi are kept with weight 1; the remaining
+    k_h - round(alpha k_h) are drawn from the other units by ``design`` on pi restricted to them, with
+    Horvitz-Thompson weights: "priority" keeps exactly that many (weights max(pi, t) / pi),
+    "threshold" keeps them in expectation (1 / q_i). So sum_kept w_i f_i is unbiased for sum_i f_i
+    (E[w_i 1{i kept}] = 1 for every unit).
 
     Parameters
     ----------
@@ -45,26 +46,21 @@ class StratifiedSampler(ThresholdSampler):
             raise ValueError(f"alpha must be in [0, 1) (a full top-k is TopKSampler), got {self.alpha}")
         if self.design not in DESIGNS:
             raise ValueError(f"design must be one of {DESIGNS}, got {self.design!r}")
+        self.whole_count = self.design == "priority"
 
     def __call__(self, pi, compression_ratio, scope, generator) -> Draw:
         n = pi.shape[-1]
         pi = pi.double()
-        q, _ = self.inclusion(pi, compression_ratio, scope)
-        allocation = q.sum(-1)  # (L, b, H): expected kept units per head
-        if self.design == "priority":
-            allocation = torch.floor(allocation + 1e-6)
+        allocation = self.allocation(pi, compression_ratio, scope)  # (L, b, H): kept units per head
         exact = torch.round(self.alpha * allocation).long()  # (L, b, H)
-        top = top_by_rank(pi, exact)
-        rest = renormalise(pi, ~top)  # (L, b, H, n), 0 on the exact stratum
+        top, rest = exact_top(pi, exact)  # rest (L, b, H, n): 0 on the exact stratum
         target = (allocation - exact).clamp_min(0)  # (L, b, H)
         if self.design == "priority":
             sampled, log_w = priority_draw(rest, target.long().clamp(max=n), generator)
         else:
             c = solve_threshold(rest, target[..., None], "head")
-            q_rest = threshold_inclusion(rest, c).nan_to_num(1.0)
-            u = torch.rand(pi.shape, generator=generator, device=pi.device, dtype=torch.float64)
-            sampled = (u < q_rest) & (rest > 0)
-            log_w = -torch.log(q_rest)
+            sampled, log_w = threshold_draw(threshold_inclusion(rest, c).nan_to_num(1.0), generator)
+            sampled = sampled & (rest > 0)
         keep = top | sampled
         log_weight = torch.where(top, 0.0, torch.where(sampled, log_w, float("-inf")))
         return Draw(keep=keep, log_weight=log_weight.float(),

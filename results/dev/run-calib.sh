@@ -10,5 +10,6 @@ OMP_NUM_THREADS=1 kvprob run --context-length 1024 --data-seed 0 --n-examples 8 
 # (stopped after 2 examples to save CPU; continued with the presses the comparisons need:)
 OMP_NUM_THREADS=1 kvprob run --context-length 1024 --data-seed 0 --n-examples 8 --tasks niah_single_1 niah_single_2 niah_single_3 niah_multikey_2 niah_multikey_3 niah_multivalue niah_multiquery fwe --seeds 0 1 2 --decode-batch 48 --ratios 0.9 --presses prob_tova_block8_priority expected_attention topk_knorm_block8 --out results/dev/ratio09-1024
 # span-aware units vs fixed blocks of 8
+# prob_tova_span8_priority was removed from the registry (issue 19): priority over widened span units is biased; its records stay readable
 OMP_NUM_THREADS=1 kvprob run --context-length 1024 --data-seed 0 --n-examples 8 --tasks niah_single_1 niah_single_2 niah_single_3 niah_multikey_2 niah_multikey_3 niah_multivalue niah_multiquery fwe --seeds 0 1 2 --decode-batch 48 --ratios 0.25 0.5 0.75 0.9 --presses topk_keydiff_block8 topk_keydiff_span8 topk_tova_span8 prob_tova_span8_priority --out results/dev/spans-1024
 # (stopped after 2 examples: the process died at a load average of 20-40)

@@ -15,7 +15,7 @@ does it; the continuation is the question followed by the gold answer ``answer[0
    to end: layer l's error includes what earlier layers passed on. Over the seeds of a sampling
    method the squared relative error splits into bias^2 = ||mean_s o_s - o_full||^2 / ||o_full||^2
    and variance = mean_s ||o_s - mean_s o_s||^2 / ||o_full||^2 (their sum is the mean squared
-   error). ``--sweep`` adds the temperature tau in {1, 2, 4, inf} at several ratios.
+   error). ``--sweep`` adds the temperature T in {1, 2, 4, inf} at several ratios.
 
 Every example is prefilled once and every configuration compressed and scored through
 ``evaluation.engine`` (``Prefill.compress``, ``teacher_forced``), the same replay the runner uses.

@@ -4,7 +4,7 @@ Usage::
 
     python -m evaluation.bench fidelity --quick           # 3 examples at 1024 tokens -> results/bench/fidelity/quick
     python -m evaluation.bench fidelity                   # 6 examples at 2048 tokens -> results/bench/fidelity
-    python -m evaluation.bench fidelity --sweep           # + tau / ratio sweep (bias^2 vs variance)
+    python -m evaluation.bench fidelity --sweep           # + temperature / ratio sweep (bias^2 vs variance)
     python -m evaluation.bench fidelity --report-only     # rebuild the report from records.jsonl
 """
 
@@ -38,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweep-presses", nargs="+", default=list(SWEEP_PRESSES), help="(default: %(default)s)")
     p.add_argument("--sweep-ratios", nargs="+", type=float, default=list(SWEEP_RATIOS), help="(default: %(default)s)")
     p.add_argument("--temperatures", nargs="+", type=float, default=list(SWEEP_TEMPERATURES),
-                   help="tau values of the sweep, 'inf' = no correction (default: %(default)s)")
+                   help="temperatures T of the sweep, 'inf' = no correction (default: %(default)s)")
     p.add_argument("--scopes", nargs="+", default=[], choices=["global", "layer", "head"],
                    help="also run every sampling press under these budget scopes (scope table vs kvpress top-k)")
     p.add_argument("--max-minutes", type=float, default=None,

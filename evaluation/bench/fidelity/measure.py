@@ -60,8 +60,8 @@ def budget_of(config: Config) -> str:
     return str(dict(config.overrides).get("budget", "global"))
 
 
-def fmt_tau(tau: float) -> str:
-    return "inf" if math.isinf(tau) else f"{tau:g}"
+def fmt_temperature(temperature: float) -> str:
+    return "inf" if math.isinf(temperature) else f"{temperature:g}"
 
 
 def seeds_for(config: Config, seeds: list[int]) -> list[int]:
@@ -72,8 +72,9 @@ def seeds_for(config: Config, seeds: list[int]) -> list[int]:
 def record_setting(record: dict) -> Config:
     """The configuration a stored record was measured with (records written before the runner's
     labels were used named the same setting ``press@tau=...@budget=...``)."""
-    tau = record.get("temperature")
-    return setting(record["method"], record["compression_ratio"], None if tau in (None, "1") else float(tau),
+    temperature = record.get("temperature")
+    return setting(record["method"], record["compression_ratio"],
+                   None if temperature in (None, "1") else float(temperature),
                    record.get("budget"))
 
 
@@ -271,7 +272,7 @@ def run(args, on_example: Callable[[Path], object] | None = None) -> Path:
                     "model": model_name, "dataset": DATASET, "data_dir": data_dir, "task": row["task"],
                     "example_id": row["example_id"], "press": config.label,
                     "compression_ratio": config.compression_ratio, "seed": None, "phase": phase,
-                    "method": config.press, "temperature": fmt_tau(temperature_of(config)), "seeds": seeds,
+                    "method": config.press, "temperature": fmt_temperature(temperature_of(config)), "seeds": seeds,
                     "budget": budget_of(config), "sampling": config.samples, "n_context": n,
                     "n_question": n_question, "n_answer": int(continuation_ids.shape[1] - n_question),
                     "ref_nll_answer": reference["nll_answer"], "ref_seconds": t_full, **res,

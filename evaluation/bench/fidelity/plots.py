@@ -41,7 +41,7 @@ def plot_kl_bars(summary: pd.DataFrame, path: Path, order: list) -> Path:
 
 
 def plot_layer_error(layers: pd.DataFrame, path: Path, order: list) -> Path | None:
-    main = layers[(layers["tau"] == 1.0) & layers["main"]]
+    main = layers[(layers["temperature"] == 1.0) & layers["main"]]
     if main.empty:
         return None
     ratios = sorted(main["ratio"].unique())
@@ -72,7 +72,7 @@ def plot_bias_variance(layers: pd.DataFrame, path: Path) -> Path | None:
     compression ratio when m is unknown."""
     samp = layers[layers["n_seeds"] > 1]
     methods = [m for m in dict.fromkeys(samp["method"]) if samp[samp["method"] == m]["ratio"].nunique() > 1
-               or samp[samp["method"] == m]["tau"].nunique() > 1]
+               or samp[samp["method"] == m]["temperature"].nunique() > 1]
     if not methods:
         return None
     fig = Figure(figsize=(5.5 * len(methods), 4.4))
@@ -80,12 +80,12 @@ def plot_bias_variance(layers: pd.DataFrame, path: Path) -> Path | None:
     for ax, method in zip(axes, methods):
         part = samp[samp["method"] == method]
         by_m = "m_mean" in part and part["m_mean"].notna().all()
-        for k, tau in enumerate(sorted(part["tau"].unique())):
-            g = part[part["tau"] == tau].sort_values("m_mean" if by_m else "ratio")
+        for k, temperature in enumerate(sorted(part["temperature"].unique())):
+            g = part[part["temperature"] == temperature].sort_values("m_mean" if by_m else "ratio")
             x = g["m_mean"] if by_m else g["ratio"]
-            name = "inf" if math.isinf(tau) else f"{tau:g}"
+            name = "inf" if math.isinf(temperature) else f"{temperature:g}"
             bias2 = g["bias2_debiased"].where(g["bias2_debiased"] > 0)
-            b_label, v_label = f"bias² τ={name}", f"variance τ={name}"
+            b_label, v_label = f"bias² T={name}", f"variance T={name}"
             if by_m:
                 b_label += f" (slope {loglog_slope(x, bias2):+.2f})"
                 v_label += f" (slope {loglog_slope(x, g['var_mean']):+.2f})"

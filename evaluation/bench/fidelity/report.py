@@ -133,19 +133,19 @@ def layer_section(layers: pd.DataFrame, order_: list) -> list[str]:
 
 
 def sweep_section(summary: pd.DataFrame, layers: pd.DataFrame) -> list[str]:
-    """The temperature sweep: every configuration of a method run at some tau != 1."""
+    """The temperature sweep: every configuration of a method run at some temperature T != 1."""
     sweep = summary[summary["press"].isin(
-        summary.loc[summary["tau"] != 1.0, "method"].unique().tolist()) | (summary["tau"] != 1.0)]
-    md = ["## Temperature τ of the correction\n"]
-    md.append("τ = 1: full correction; τ = inf: plain renormalisation over the kept entries (no correction). "
+        summary.loc[summary["temperature"] != 1.0, "method"].unique().tolist()) | (summary["temperature"] != 1.0)]
+    md = ["## Temperature T of the correction\n"]
+    md.append("T = 1: full correction; T = inf: plain renormalisation over the kept entries (no correction). "
               "KL with 95% t-CI; bias² / variance of the attention output (mean over layers).\n")
     sw = sweep.merge(layers[["press", "ratio", "bias2_mean", "bias2_debiased", "var_mean"]], on=["press", "ratio"],
                      how="left") if not layers.empty else sweep.assign(bias2_mean=np.nan, bias2_debiased=np.nan,
                                                                       var_mean=np.nan)
-    sw = sw.sort_values(["method", "ratio", "tau"])
+    sw = sw.sort_values(["method", "ratio", "temperature"])
     table = pd.DataFrame({
         "method": sw["method"], "ratio": sw["ratio"].map(lambda v: f"{v:g}"),
-        "τ": sw["tau"].map(lambda v: "inf" if math.isinf(v) else f"{v:g}"),
+        "T": sw["temperature"].map(lambda v: "inf" if math.isinf(v) else f"{v:g}"),
         "KL [95% CI]": [ci_cell(m, lo, hi) for m, lo, hi in zip(sw["kl"], sw["kl_lo"], sw["kl_hi"])],
         "bias²": sw["bias2_mean"].map(lambda v: f"{v:.5f}" if np.isfinite(v) else "–"),
         "bias² debiased": sw["bias2_debiased"].map(lambda v: f"{v:.5f}" if np.isfinite(v) else "–"),
@@ -168,7 +168,7 @@ def write_report(out_dir: Path) -> dict:
     labels = order(summary["press"], list(DEFAULT_PRESSES))
     summary = summary.assign(_o=summary["press"].map({p: i for i, p in enumerate(labels)}))
     summary = summary.sort_values(["ratio", "_o"]).drop(columns="_o").reset_index(drop=True)
-    main = summary[(summary["tau"] == 1.0) & summary["main"]]
+    main = summary[(summary["temperature"] == 1.0) & summary["main"]]
     paired, scopes, layers = paired_table(df), scope_table(df), layer_table(df)
     paths, md = {}, header(df) + kl_section(main)
     if not main.empty:
@@ -183,7 +183,7 @@ def write_report(out_dir: Path) -> dict:
         if p := plot_layer_error(layers, out_dir / "layer_error.png", labels):
             paths["layer_error"] = p
             md.append("![layer error](layer_error.png)\n")
-    if (summary["tau"] != 1.0).any():
+    if (summary["temperature"] != 1.0).any():
         md += sweep_section(summary, layers)
     if not layers.empty and (p := plot_bias_variance(layers, out_dir / "bias_variance.png")):
         paths["bias_variance"] = p

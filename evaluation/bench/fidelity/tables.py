@@ -20,7 +20,7 @@ PER_SEED = ("kl", "kl_answer", "top1", "nll_answer", "realised_ratio")
 def load_records(out_dir: Path) -> pd.DataFrame:
     """One row per (example, configuration): the records of ``records.jsonl`` with the runner's
     label in ``press`` (older records are relabelled), m backfilled from ``m.jsonl`` where a record
-    lacks it, seed means ``<figure>_mean``, ``tau`` and ``main`` (not a sweep row)."""
+    lacks it, seed means ``<figure>_mean``, ``temperature`` (float) and ``main`` (not a sweep row)."""
     path = Path(out_dir) / "records.jsonl"
     records = ResultStore(path, readonly=True).records() if path.exists() else []
     if not records:
@@ -41,23 +41,23 @@ def load_records(out_dir: Path) -> pd.DataFrame:
     for col in PER_SEED:
         df[f"{col}_mean"] = df[col].map(lambda v: float(np.mean(v)))
     df["nll_delta_mean"] = df["nll_answer_mean"] - df["ref_nll_answer"]
-    df["tau"] = df["temperature"].map(float)
+    df["temperature"] = df["temperature"].map(float)
     df["main"] = df["phase"].fillna("main").eq("main") if "phase" in df else True
     return df
 
 
 def legacy_setting(label: str, ratio: float):
     """The configuration named by a label of the form ``press@tau=2@budget=head`` (records and
-    ``m.jsonl`` lines written before the runner's labels were used)."""
+    ``m.jsonl`` lines written before the runner's labels were used; their ``tau`` is the temperature)."""
     name, *parts = label.split("@")
     fields = dict(part.split("=", 1) for part in parts)
-    tau = fields.get("tau")
-    return setting(name, ratio, None if tau is None else float(tau), fields.get("budget"))
+    temperature = fields.get("tau")
+    return setting(name, ratio, None if temperature is None else float(temperature), fields.get("budget"))
 
 
 def per_seed(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (example, configuration, seed): the frame ``evaluation.stats`` works on."""
-    keep = ["example_id", "press", "method", "compression_ratio", "budget", "tau", "main", "seeds", *PER_SEED]
+    keep = ["example_id", "press", "method", "compression_ratio", "budget", "temperature", "main", "seeds", *PER_SEED]
     long = df[keep].explode(["seeds", *PER_SEED]).rename(columns={"seeds": "seed"})
     return long.astype({col: float for col in PER_SEED}).reset_index(drop=True)
 
@@ -81,7 +81,7 @@ def kl_summary(df: pd.DataFrame) -> pd.DataFrame:
         blo, bhi = stats.bootstrap_ci(g["kl_mean"])
         seed_sd = g["kl"].map(lambda v: float(np.std(v, ddof=1)) if len(v) > 1 else float("nan"))
         rows.append({
-            "press": label, "method": g["method"].iloc[0], "tau": g["tau"].iloc[0], "ratio": ratio,
+            "press": label, "method": g["method"].iloc[0], "temperature": g["temperature"].iloc[0], "ratio": ratio,
             "main": bool(g["main"].any()), "kl": ci["mean"], "kl_lo": ci["lo"], "kl_hi": ci["hi"],
             "kl_boot_lo": blo, "kl_boot_hi": bhi,
             "kl_answer": ca["mean"], "kl_answer_lo": ca["lo"], "kl_answer_hi": ca["hi"],
@@ -95,7 +95,7 @@ def kl_summary(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _main_rows(df: pd.DataFrame) -> pd.DataFrame:
-    return df[(df["tau"] == 1.0) & df["main"]]
+    return df[(df["temperature"] == 1.0) & df["main"]]
 
 
 def paired_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -167,7 +167,7 @@ def layer_table(df: pd.DataFrame) -> pd.DataFrame:
         mse = np.mean([np.mean(np.asarray(v) ** 2, axis=0) for v in g["layer_err"]], axis=0)
         bias2 = np.mean([np.asarray(v) for v in g["bias2"]], axis=0)
         var = np.mean([np.asarray(v) for v in g["variance"]], axis=0)
-        rows.append({"press": label, "method": g["method"].iloc[0], "tau": g["tau"].iloc[0], "ratio": ratio,
+        rows.append({"press": label, "method": g["method"].iloc[0], "temperature": g["temperature"].iloc[0], "ratio": ratio,
                      "main": bool(g["main"].any()), "err_layers": err.tolist(), "bias2_layers": bias2.tolist(),
                      "var_layers": var.tolist(), "err_mean": float(err.mean()), "err_first": float(err[0]),
                      "err_last": float(err[-1]), "mse_mean": float(mse.mean()), "bias2_mean": float(bias2.mean()),
