@@ -134,7 +134,9 @@ def test_fresh_removes_only_records_and_report(tmp_path):
 def test_demo_runs_cpu_quick_afresh_and_compares(monkeypatch, tmp_path):
     seen = {}
     monkeypatch.setattr(cli, "cmd_reproduce", lambda args: seen.update(vars(args)))
+    monkeypatch.setattr(cli, "demo_prose", lambda args: seen.update(prose=args.prose_reference))
     cli.main(["demo", "--out", str(tmp_path / "demo")])
+    assert seen.pop("prose") == "results/prose-quick"
     assert seen["preset"] == "cpu-quick" and seen["fresh"] and seen["reference"] == "results/cpu-quick"
     assert PRESETS["cpu-quick"]["presses"] is DEMO_PRESSES
     cli.main(["demo", "--out", str(tmp_path / "demo"), "--reference", str(tmp_path / "none")])
@@ -195,3 +197,36 @@ def test_prose_comparison_puts_mean_kl_side_by_side(tmp_path):
     text = prose_comparison_markdown(run, ref)
     assert "| prob_min_h | 0.5 | 0.4000 | 0.1000 | 0.3000 |" in text.replace("  ", " ")
     assert "snapkv" in text and "2 windows here, 1 in the reference" in text
+
+
+def test_demo_prose_runs_the_prose_preset_afresh_and_compares(monkeypatch, tmp_path, capsys):
+    import sys
+    import types
+
+    from evaluation.presets import PROSE_DEMO
+
+    seen = {}
+    fake = types.ModuleType("evaluation.prose.cli")
+    fake.SCORED_TOKENS = 256
+
+    def cmd_run(args, load, model_name):  # writes records as kvprob prose run would
+        seen.update(vars(args))
+        rows = [dict(model="m", dataset="prose", data_dir="1024", task="e", example_id="w", press=p,
+                     compression_ratio=0.5, seed=0, kl=0.1) for p in args.presses]
+        (args.out / "results.jsonl").parent.mkdir(parents=True, exist_ok=True)
+        (args.out / "results.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+    fake.cmd_run = cmd_run
+    package = types.ModuleType("evaluation.prose")
+    package.cli = fake
+    monkeypatch.setitem(sys.modules, "evaluation.prose", package)
+    monkeypatch.setitem(sys.modules, "evaluation.prose.cli", fake)
+    out = tmp_path / "demo"
+    (out / "prose").mkdir(parents=True)
+    (out / "prose" / "results.jsonl").write_text("stale")  # an earlier run's records are removed first
+    cmd_run(types.SimpleNamespace(out=tmp_path / "ref", presses=PROSE_DEMO["presses"]), None, None)
+    cli.demo_prose(cli.parser().parse_args(["demo", "--out", str(out), "--prose-reference", str(tmp_path / "ref")]))
+    assert seen["out"] == out / "prose" and seen["presses"] == PROSE_DEMO["presses"] and seen["split"] == "dev"
+    assert seen["max_windows"] == PROSE_DEMO["max_windows"] and seen["no_report"]
+    printed = capsys.readouterr().out
+    assert "## Prose: this run" in printed and "| prob_min_h | 0.5 | 0.1000 | 0.1000 | 0.0000 |" in printed
