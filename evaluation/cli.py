@@ -7,6 +7,8 @@
     kvprob reproduce --preset cpu-quick
     kvprob demo                  # cpu-quick computed afresh into results/demo, next to results/cpu-quick
     kvprob presses               # the presses by origin and family (--all: every name; NAME: one)
+    kvprob prose run --split dev --context 1024 --presses snapkv prob_min_h --out results/prose/x
+    kvprob prose report --results results/prose/x
 """
 
 from __future__ import annotations
@@ -250,6 +252,14 @@ def cmd_presses(args) -> None:
         print("\n".join(family_table(every=args.all)))
 
 
+def cmd_prose(args):
+    from evaluation.prose import cli as prose
+
+    if args.prose_command == "run":
+        return prose.cmd_run(args, _load, _model_name)
+    return prose.cmd_report(args)
+
+
 def cmd_bench(args, rest) -> None:
     from evaluation.bench.__main__ import main as bench_main
 
@@ -394,6 +404,10 @@ def parser() -> argparse.ArgumentParser:
     ps.add_argument("name", nargs="?", default=None, help="one press: its parts, settings and status")
     ps.add_argument("--all", action="store_true", help="every registered name, with its status and finding")
 
+    from evaluation.prose.cli import add_parser as add_prose
+
+    add_prose(sub, add, _ratio, _positive_int, _model_option)
+
     sub.add_parser("bench", help="measurements: kvprob bench {speed,budget,oracle,fidelity} --help", add_help=False)
     return p
 
@@ -405,7 +419,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     command = {"generate": cmd_generate, "run": cmd_run, "merge": cmd_merge, "report": cmd_report,
                "reproduce": cmd_reproduce, "demo": cmd_demo, "presses": cmd_presses,
-               "compare": cmd_compare}[args.command]
+               "compare": cmd_compare, "prose": cmd_prose}[args.command]
     try:
         command(args)
     except (FileNotFoundError, manifest.ManifestMismatch) as error:  # missing assets and paths, mixed settings

@@ -10,8 +10,9 @@ resume whose identity differs stops before anything is computed (``ManifestMisma
 differing field with both values), and ``kvprob merge`` refuses shards whose identities differ:
 
     model, model_digest (config and a sample of the weights), tokenizer_digest
-    (vocabulary, special tokens, chat template), dataset, dataset_version (the RULER generator's),
-    data_seed, context_length, query_aware, dtype
+    (vocabulary, special tokens, chat template), dataset, dataset_version (the RULER generator's,
+    the prose windows'), data_seed, context_length, query_aware, dtype; the prose benchmark's split
+    and scored_tokens (it has no data seed)
 
 ``runs`` gets one entry per invocation, with what is recorded but may differ between runs:
 
@@ -42,7 +43,7 @@ from evaluation.store import write_atomic
 SUFFIX = ".manifest.json"
 LEGACY_SEED_FILE = "data_seed.json"
 IDENTITY = ("model", "model_digest", "tokenizer_digest", "dataset", "dataset_version", "data_seed",
-            "context_length", "query_aware", "dtype")
+            "context_length", "query_aware", "dtype", "split", "scored_tokens")
 LEGACY_ASSUMED = ("model_digest", "tokenizer_digest", "dataset_version", "query_aware", "dtype")
 
 
@@ -112,16 +113,26 @@ def _version(package: str) -> str | None:
 # --------------------------------------------------------------------------- building
 
 
-def identity(*, model: str, dataset: str, data_seed: int, context_length: int, query_aware: bool,
-             loaded_model=None, tokenizer=None) -> dict:
+def identity(*, model: str, dataset: str, data_seed: int | None, context_length: int, query_aware: bool,
+             loaded_model=None, tokenizer=None, split: str | None = None, scored_tokens: int | None = None) -> dict:
     """The fields that must match on resume. Without ``loaded_model`` / ``tokenizer`` (before loading)
-    the digests and dtype are left out, and checks compare only the fields present."""
-    ident = dict(model=model, dataset=dataset, data_seed=int(data_seed), context_length=int(context_length),
-                 query_aware=bool(query_aware))
+    the digests and dtype are left out, and checks compare only the fields present. The prose benchmark
+    has no data seed (None) but a ``split`` and a number of ``scored_tokens``."""
+    ident = dict(model=model, dataset=dataset, context_length=int(context_length), query_aware=bool(query_aware))
+    if data_seed is not None:
+        ident["data_seed"] = int(data_seed)
+    if split is not None:
+        ident["split"] = str(split)
+    if scored_tokens is not None:
+        ident["scored_tokens"] = int(scored_tokens)
     if dataset == "ruler":
         from evaluation.datasets.ruler import GENERATOR_VERSION
 
         ident["dataset_version"] = GENERATOR_VERSION
+    if dataset == "prose":
+        from evaluation.datasets.essays import VERSION
+
+        ident["dataset_version"] = VERSION
     if loaded_model is not None:
         ident["model_digest"] = model_digest(loaded_model)
         ident["dtype"] = str(loaded_model.dtype).removeprefix("torch.")

@@ -7,6 +7,7 @@ examples, not the draws, carry the uncertainty. Two arms are paired on the examp
 
 - ``mean_ci(values)`` / ``paired_difference(a, b)``: on plain arrays;
 - ``bootstrap_ci(values)``: the percentile bootstrap interval of the mean;
+- ``ratio_ci(a, b)``: mean(a) / mean(b) over paired units, with a paired bootstrap interval;
 - ``example_means(frame, value, by)``: the seed-averaged value per example;
 - ``mean_table(frame, value, by)``: mean and t-interval per group;
 - ``paired_table(frame, value, arm, a, b, by)``: arm a minus arm b per group, with the paired test.
@@ -111,3 +112,25 @@ def paired_table(frame: pd.DataFrame, value: str, arm: str, a, b, by: list[str] 
                     | paired_difference(wide[a].to_numpy(), wide[b].to_numpy(), level))
     columns = [*by, "a", "b", "mean_a", "mean_b", "mean", "lo", "hi", "half", "n", "sd", "t", "p_value", "a_better"]
     return pd.DataFrame(rows, columns=columns)
+
+
+def ratio_ci(a, b, level: float = 0.95, n_boot: int = 10000, seed: int = 0) -> dict:
+    """mean(a) / mean(b) over paired units, with the percentile bootstrap interval that resamples the
+    units (the pairs) together (``scipy.stats.bootstrap``, ``paired=True``, seeded). Returns {ratio, lo,
+    hi, n}; lo / hi are NaN with fewer than two pairs."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.shape != b.shape:
+        raise ValueError(f"paired values need the same shape, got {a.shape} and {b.shape}")
+    ok = np.isfinite(a) & np.isfinite(b)
+    a, b = a[ok], b[ok]
+    nan = float("nan")
+    if len(a) == 0 or b.mean() == 0:
+        return {"ratio": nan, "lo": nan, "hi": nan, "n": len(a)}
+    ratio = float(a.mean() / b.mean())
+    if len(a) < 2 or (np.ptp(a) == 0 and np.ptp(b) == 0):
+        return {"ratio": ratio, "lo": nan if len(a) < 2 else ratio, "hi": nan if len(a) < 2 else ratio, "n": len(a)}
+    res = stats.bootstrap((a, b), lambda x, y, axis: x.mean(axis=axis) / y.mean(axis=axis), paired=True,
+                          vectorized=True, n_resamples=n_boot, confidence_level=level, method="percentile",
+                          rng=np.random.default_rng(seed))
+    return {"ratio": ratio, "lo": float(res.confidence_interval.low), "hi": float(res.confidence_interval.high),
+            "n": len(a)}

@@ -22,6 +22,7 @@ import pandas as pd
 import torch
 
 from evaluation.bench.fidelity import DEFAULT_PRESSES
+from evaluation.continuation import kl_per_position  # noqa: F401  (also this module's name for it)
 from evaluation.engine import Prefill, cache_summary, teacher_forced
 from evaluation.runner import Config
 from evaluation.store import ResultStore
@@ -130,13 +131,6 @@ def build_inputs(pipe, tokenizer, row, device) -> tuple[torch.Tensor, torch.Tens
 
 
 # =========================================================================== figures of one run
-
-
-def kl_per_position(reference_logits: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """KL(softmax(reference) || softmax(logits)) per row (in nats, float64, clamped at 0)."""
-    p = torch.log_softmax(reference_logits.double(), dim=-1)
-    q = torch.log_softmax(logits.double(), dim=-1)
-    return (p.exp() * (p - q)).sum(dim=-1).clamp_min(0.0)
 
 
 def relative_error(outputs: torch.Tensor, reference: torch.Tensor) -> list[float]:

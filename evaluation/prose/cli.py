@@ -1,0 +1,117 @@
+"""``kvprob prose run`` / ``kvprob prose report``: the prose benchmark's commands (docs/prose.md).
+
+    kvprob prose run --split dev --context 1024 --presses snapkv prob_min_h --ratios 0.5 0.75 \\
+        --seeds 0 1 2 --max-per-essay 2 --out results/prose/dev-1024
+    kvprob prose report --results results/prose/dev-1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from evaluation.prose import CONTEXTS, DATASET, SCORED_TOKENS
+
+
+def add_parser(sub, add, ratio, positive_int, model_option) -> None:
+    """Register ``prose`` with its ``run`` and ``report`` under ``sub`` (the kvprob subparsers); ``add``
+    makes a subparser, ``ratio`` / ``positive_int`` parse option values, ``model_option`` adds --model."""
+    from evaluation.datasets.essays import SPLITS
+
+    p = add("prose", "the prose benchmark: prefill an essay window, score the next tokens teacher-forced (KL, ΔNLL)")
+    verbs = p.add_subparsers(dest="prose_command", required=True)
+    r = verbs.add_parser("run", help="run configurations on the windows of one split (resumable)",
+                         description="run configurations on the windows of one split (resumable: rerun to finish)")
+    model_option(r)
+    r.add_argument("--split", required=True, choices=SPLITS, help="essays of the development or the test split "
+                                                                   "(docs/protocol.md, Prose split)")
+    r.add_argument("--context", type=positive_int("--context"), required=True,
+                   help=f"context tokens n prefilled per window (the protocol's: {' and '.join(map(str, CONTEXTS))})")
+    r.add_argument("--scored-tokens", type=positive_int("--scored-tokens"), default=SCORED_TOKENS,
+                   help="continuation tokens T scored teacher-forced")
+    r.add_argument("--presses", nargs="+", required=True, metavar="NAME",
+                   help="registry names (the full cache is always run as the reference)")
+    r.add_argument("--ratios", nargs="+", type=ratio, default=[0.5, 0.75], help="compression ratios in [0, 1)")
+    r.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds of the sampling presses")
+    r.add_argument("--max-per-essay", type=positive_int("--max-per-essay"), default=None,
+                   help="the first windows of each essay only (unset: all)")
+    r.add_argument("--max-windows", type=positive_int("--max-windows"), default=None,
+                   help="at most this many windows: every essay's first, then every essay's second, ... (unset: all)")
+    r.add_argument("--out", required=True, help="results folder (one split and context length per folder)")
+    r.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
+    r.add_argument("--no-report", action="store_true", help="do not write the report at the end")
+    rep = verbs.add_parser("report", help="tables of a prose results folder (report.md, summary.csv)",
+                           description="tables of a prose results folder: paired over windows, win scores over essays")
+    rep.add_argument("--results", nargs="+", required=True, help="results folders or .jsonl files (one split, one length)")
+    rep.add_argument("--reference", default=None,
+                     help="press to compare every press with (unset: the top-k press with the lowest mean KL at each ratio)")
+    rep.add_argument("--out", default=None, help="folder for report.md and summary.csv (unset: the first results folder)")
+
+
+def command_line(args) -> str:
+    """The canonical command of a run, as the report prints it."""
+    parts = ["kvprob", "prose", "run", "--split", args.split, "--context", str(args.context)]
+    if args.scored_tokens != SCORED_TOKENS:
+        parts += ["--scored-tokens", str(args.scored_tokens)]
+    if args.model:
+        parts += ["--model", args.model]
+    parts += ["--presses", *args.presses, "--ratios", *[f"{r:g}" for r in args.ratios],
+              "--seeds", *[str(s) for s in args.seeds]]
+    for option in ("max_per_essay", "max_windows"):
+        if getattr(args, option) is not None:
+            parts += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
+    return shlex.join(parts + ["--out", str(args.out)])
+
+
+def cmd_run(args, load, model_name) -> Path:
+    """Run the windows of ``args.split``; ``load(args)`` gives (model, tokenizer), ``model_name(arg)`` the
+    records' model name (the kvprob CLI's own)."""
+    import torch
+
+    from evaluation import manifest
+    from evaluation.datasets.essays import skipped, windows
+    from evaluation.prose.measure import order, run
+    from evaluation.runner import configurations
+    from evaluation.store import ResultStore
+    from kvpress_prob.registry import PRESSES
+
+    unknown = [p for p in args.presses if p not in PRESSES]
+    if unknown:
+        sys.exit(f"unknown press(es) {unknown}; valid: {', '.join(sorted(PRESSES))}")
+    out = Path(args.out)
+    settings = dict(model=model_name(args.model), dataset=DATASET, data_seed=None, context_length=args.context,
+                    query_aware=False, split=args.split, scored_tokens=args.scored_tokens)
+    data_dir = str(args.context)
+    manifest.check_folder(out, manifest.identity(**settings), data_dir=data_dir)  # before the model is loaded
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tokenizer = load(args)
+    identity = manifest.identity(**settings, loaded_model=model, tokenizer=tokenizer)
+    notes = manifest.check_folder(out, identity, data_dir=data_dir)
+    found = order(windows(tokenizer, args.context, args.scored_tokens, args.split, args.max_per_essay), args.max_windows)
+    short = skipped(tokenizer, args.context, args.scored_tokens, args.split)
+    print(f"{args.split}: {len(found)} windows of {len({w.essay for w in found})} essays; {len(short)} essays shorter "
+          f"than one window skipped ({', '.join(short)})", file=sys.stderr)
+    store = ResultStore(out / "results.jsonl")
+    entry = manifest.run_entry(n_examples=len(found), tasks=None, decode_batch=1, shard=None, device=str(model.device))
+    manifest.write(store.path, identity, entry | {"command": command_line(args)}, notes)
+    store.path.touch()
+    start = time.perf_counter()
+    written = run(model, tokenizer, found, configurations(args.presses, args.ratios, args.seeds), store,
+                  model_name=model_name(args.model), split=args.split, scored_tokens=args.scored_tokens)
+    print(f"{written} records written to {store.path} in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    if not args.no_report:
+        cmd_report(argparse.Namespace(results=[out], reference=None, out=None))
+    return out
+
+
+def cmd_report(args) -> str:
+    from evaluation.prose.tables import write
+
+    path, text = write(args.results, args.out, args.reference)
+    print(text)
+    print(f"written: {path}")
+    return text
