@@ -223,11 +223,8 @@ def cmd_demo(args) -> None:
 
 def demo_prose(args) -> None:
     """The demo's prose part: ``PROSE_DEMO`` afresh into ``<out>/prose``, next to ``--prose-reference``."""
-    try:
-        from evaluation.prose import cli as prose
-    except ImportError:  # the prose benchmark lands on its own branch
-        print("(the prose benchmark, evaluation/prose/, is not installed here: prose part skipped)")
-        return
+    from evaluation.prose import cli as prose
+
     out = Path(args.out) / "prose"
     _clear_results(out)
     prose.cmd_run(argparse.Namespace(

@@ -200,14 +200,12 @@ def test_prose_comparison_puts_mean_kl_side_by_side(tmp_path):
 
 
 def test_demo_prose_runs_the_prose_preset_afresh_and_compares(monkeypatch, tmp_path, capsys):
-    import sys
     import types
 
+    from evaluation.prose import cli as prose
     from evaluation.presets import PROSE_DEMO
 
     seen = {}
-    fake = types.ModuleType("evaluation.prose.cli")
-    fake.SCORED_TOKENS = 256
 
     def cmd_run(args, load, model_name):  # writes records as kvprob prose run would
         seen.update(vars(args))
@@ -216,11 +214,7 @@ def test_demo_prose_runs_the_prose_preset_afresh_and_compares(monkeypatch, tmp_p
         (args.out / "results.jsonl").parent.mkdir(parents=True, exist_ok=True)
         (args.out / "results.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
 
-    fake.cmd_run = cmd_run
-    package = types.ModuleType("evaluation.prose")
-    package.cli = fake
-    monkeypatch.setitem(sys.modules, "evaluation.prose", package)
-    monkeypatch.setitem(sys.modules, "evaluation.prose.cli", fake)
+    monkeypatch.setattr(prose, "cmd_run", cmd_run)
     out = tmp_path / "demo"
     (out / "prose").mkdir(parents=True)
     (out / "prose" / "results.jsonl").write_text("stale")  # an earlier run's records are removed first
@@ -228,5 +222,6 @@ def test_demo_prose_runs_the_prose_preset_afresh_and_compares(monkeypatch, tmp_p
     cli.demo_prose(cli.parser().parse_args(["demo", "--out", str(out), "--prose-reference", str(tmp_path / "ref")]))
     assert seen["out"] == out / "prose" and seen["presses"] == PROSE_DEMO["presses"] and seen["split"] == "dev"
     assert seen["max_windows"] == PROSE_DEMO["max_windows"] and seen["no_report"]
+    assert seen["scored_tokens"] == prose.SCORED_TOKENS
     printed = capsys.readouterr().out
     assert "## Prose: this run" in printed and "| prob_min_h | 0.5 | 0.1000 | 0.1000 | 0.0000 |" in printed
