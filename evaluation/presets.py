@@ -25,9 +25,16 @@ PRESETS = {
                       ratios=DEMO_RATIOS, seeds=[0, 1, 2]),
 }
 
-# Where each preset writes by default, and the committed run ``make demo`` compares itself with.
+# make demo's prose part (``kvprob prose run``): the first window of 4 development essays, prefill n = 1024,
+# the next 256 tokens teacher-forced; the best kvpress top-k presses of the prose development split so far
+# (h2o, snapkv: lowest mean KL on its first windows) next to RECOMMENDED and pi_min-h.
+PROSE_DEMO = dict(split="dev", context=1024, max_windows=4, presses=["h2o", "snapkv", RECOMMENDED, "prob_min_h"],
+                  ratios=[0.5, 0.75], seeds=[0, 1, 2])
+
+# Where each preset writes by default, and the committed runs ``make demo`` compares itself with.
 DEMO_OUT = "results/demo"
 DEMO_REFERENCE = "results/cpu-quick"
+PROSE_DEMO_REFERENCE = "results/prose-quick"
 
 
 def default_out(preset: str, context_length: int) -> str:

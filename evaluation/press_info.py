@@ -1,16 +1,18 @@
-"""One-line descriptions of the registry presses, derived from the press objects themselves.
+"""What ``kvprob presses`` prints: the registry's families by origin (``family_table``), one press
+(``press_detail``), and one-line descriptions derived from the press objects themselves.
 
 Nothing here is a second list of presses: ``describe(name)`` builds the press with
 ``kvpress_prob.registry.get_press`` and reads its class, its docstring and the dataclass fields
-that differ from their defaults, so a press added to the registry is described without edits here.
+that differ from their defaults; families, statuses and findings come from ``kvpress_prob.catalogue``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+import textwrap
 
-from kvpress_prob.registry import PRESSES, get_press
+from kvpress_prob.registry import get_press
 
 _SKIP_FIELDS = {"compression_ratio"}  # the sweep variable, not part of what a name means
 
@@ -91,7 +93,69 @@ def describe(name: str) -> str:
     return f"{spec(press)}: {what}"
 
 
-def press_lines() -> list[str]:
-    """``name  description`` for every registry press, in registry order, names aligned."""
-    width = max(map(len, PRESSES))
-    return [f"{name:<{width}}  {describe(name)}" for name in PRESSES]
+def _grouped() -> dict[tuple[str, str], list]:
+    from kvpress_prob.catalogue import FAMILIES
+    from kvpress_prob.registry import CATALOGUE
+
+    groups = {(f.origin, f.name): [] for f in FAMILIES.values()}
+    for entry in CATALOGUE.values():
+        groups[(entry.origin, entry.family)].append(entry)
+    return {key: entries for key, entries in groups.items() if entries}
+
+
+STATUSES = ("recommended", "measured", "rejected", "unmeasured")
+_ORIGINS = {"kvpress": "kvpress's presses (baselines)", "paper": "the paper's presses (Geh et al. 2026)",
+            "ours": "beyond the paper (ours)"}
+
+
+def family_table(every: bool = False) -> list[str]:
+    """``kvprob presses``: one block per family, grouped by origin; ``every``: each name on its line."""
+    from kvpress_prob.catalogue import FAMILIES
+    from kvpress_prob.registry import CATALOGUE, RECOMMENDED
+
+    lines, origin = [], None
+    for (org, family), entries in _grouped().items():
+        if org != origin:
+            origin = org
+            lines += ["", f"== {_ORIGINS[org]} =="]
+        fam = FAMILIES[family]
+        counts = ", ".join(f"{sum(e.status == s for e in entries)} {s}" for s in STATUSES
+                           if any(e.status == s for e in entries))
+        lines.append(f"{family:<20} {len(entries):>3}  {fam.pattern}")
+        lines += textwrap.wrap(f"{counts}. {fam.finding}", 100, initial_indent=" " * 25, subsequent_indent=" " * 25)
+        if every:
+            lines.append(f"{'':<25}{fam.paper}; {fam.docs}")
+            width = max(len(e.name) for e in entries)
+            lines += [f"    {e.name:<{width}}  {e.status:<11}  {e.finding}" for e in entries]
+    recommended = [e for e in CATALOGUE.values() if e.status == "recommended"]
+    lines += ["", "recommended:"]
+    for e in recommended:
+        lines += textwrap.wrap(f"{e.name}{' (RECOMMENDED)' if e.name == RECOMMENDED else ''}: {e.finding}", 100,
+                               initial_indent="    ", subsequent_indent="        ")
+    lines += ["", f"{len(CATALOGUE)} registered presses. kvprob presses --all lists every name; kvprob presses "
+              "NAME shows one. Any valid grid name builds (kvpress_prob/grid.py)."]
+    return lines[1:]
+
+
+def press_detail(name: str) -> list[str]:
+    """``kvprob presses NAME``: the name's parts, its construction and its status line."""
+    from kvpress_prob.catalogue import FAMILIES, family_of
+    from kvpress_prob.grid import parse_name
+    from kvpress_prob.registry import CATALOGUE, PRESSES
+
+    entry = CATALOGUE.get(name)
+    parts = entry.parts if entry else parse_name(name)
+    family = FAMILIES[entry.family if entry else family_of(parts)]
+    lines = [name]
+    if parts is not None:
+        opts = ", ".join(parts.options) or "none"
+        lines.append(f"  parts:   kind {parts.kind}, proposal {parts.proposal}, unit {parts.unit}, "
+                     f"design {parts.design}, options {opts}")
+    built = describe(name) if name in PRESSES or entry is None else "built by its own factory, not get_press"
+    lines += [f"  press:   {built}",
+              f"  origin:  {family.origin}, family {family.name} ({family.paper})"]
+    if entry:
+        lines.append(f"  status:  {entry.status}: {entry.finding} ({entry.docs})")
+    else:
+        lines.append("  status:  not registered (a valid grid name, never measured)")
+    return lines

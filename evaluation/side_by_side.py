@@ -61,3 +61,29 @@ def comparison_markdown(run_path: Path | str, reference_path: Path | str) -> str
         "### Win score (overall)\n",
         fmt(wins, "{:.3f}"),
     ])
+
+
+def kl_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Columns press, compression_ratio, kl: a prose run's mean KL(full || press) per scored token, over
+    windows (a sampling press's seeds averaged within a window first); the full cache is left out."""
+    df = df[df["press"] != REFERENCE]
+    per_window = df.groupby(["press", "compression_ratio", "example_id"], as_index=False)["kl"].mean()
+    return per_window.groupby(["press", "compression_ratio"], as_index=False)["kl"].mean()
+
+
+def prose_comparison_markdown(run_path: Path | str, reference_path: Path | str) -> str:
+    """Markdown: a prose run's mean KL per (method, ratio) next to the reference run's (``kvprob prose run``
+    records), with the number of windows of each."""
+    run, reference = (load_results(*results_files(p)) for p in (run_path, reference_path))
+    both = kl_table(run).merge(kl_table(reference), on=["press", "compression_ratio"], how="outer",
+                               suffixes=("_run", "_ref"))
+    both["difference"] = both["kl_run"] - both["kl_ref"]
+    both = both.sort_values(["compression_ratio", "kl_run", "press"], ignore_index=True)
+    both = both.rename(columns={"press": "method", "compression_ratio": "ratio", "kl_run": "this run",
+                                "kl_ref": "reference"})
+    windows = f"{run['example_id'].nunique()} windows here, {reference['example_id'].nunique()} in the reference"
+    return "\n".join([
+        f"## Prose: this run ({run_path}) next to the reference ({reference_path})\n",
+        f"### Mean KL(full || press) per scored token, nats (lower is better; {windows})\n",
+        markdown_table(both.assign(ratio=both["ratio"].map("{:g}".format)), index=False, float_format="{:.4f}"),
+    ])

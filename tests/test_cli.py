@@ -22,12 +22,28 @@ def subparsers() -> dict[str, argparse.ArgumentParser]:
     return dict(action.choices)
 
 
-def test_presses_lists_every_registry_name_once(capsys):
+def test_presses_fits_one_screen_grouped_by_origin_and_family(capsys):
+    from kvpress_prob.catalogue import FAMILIES
+
     cli.main(["presses"])
     lines = capsys.readouterr().out.splitlines()
-    listed = [line.split()[0] for line in lines[: len(PRESSES)]]
-    assert listed == list(PRESSES)
-    assert all(len(line.split(maxsplit=1)) == 2 for line in lines[: len(PRESSES)])  # name + description
+    assert len(lines) <= 60 and max(map(len, lines)) <= 150
+    heads = [line.split("  ")[0].strip() for line in lines if line and not line.startswith((" ", "=", "recomm"))]
+    assert [h for h in heads if h in FAMILIES] == list(FAMILIES)  # every family, once, in order
+    assert sum(line.startswith("== ") for line in lines) == 3  # kvpress, paper, ours
+
+
+def test_presses_all_lists_every_name_once_and_one_name_its_status(capsys):
+    cli.main(["presses", "--all"])
+    out = capsys.readouterr().out
+    table = out.split("\nrecommended:")[0].splitlines()
+    listed = [line.split()[0] for line in table if re.match(r"    \S", line)]
+    assert sorted(listed) == sorted(PRESSES)
+    cli.main(["presses", "prob_tova_block8"])
+    out = capsys.readouterr().out
+    assert "kind prob, proposal tova, unit block8, design threshold" in out and "status:  rejected: a random block count" in out
+    with pytest.raises(SystemExit, match="unknown part"):
+        cli.main(["presses", "prob_tova_blok8"])
 
 
 def test_press_descriptions_come_from_the_press_objects():
@@ -118,7 +134,9 @@ def test_fresh_removes_only_records_and_report(tmp_path):
 def test_demo_runs_cpu_quick_afresh_and_compares(monkeypatch, tmp_path):
     seen = {}
     monkeypatch.setattr(cli, "cmd_reproduce", lambda args: seen.update(vars(args)))
+    monkeypatch.setattr(cli, "demo_prose", lambda args: seen.update(prose=args.prose_reference))
     cli.main(["demo", "--out", str(tmp_path / "demo")])
+    assert seen.pop("prose") == "results/prose-quick"
     assert seen["preset"] == "cpu-quick" and seen["fresh"] and seen["reference"] == "results/cpu-quick"
     assert PRESETS["cpu-quick"]["presses"] is DEMO_PRESSES
     cli.main(["demo", "--out", str(tmp_path / "demo"), "--reference", str(tmp_path / "none")])
@@ -157,3 +175,53 @@ def test_comparison_puts_two_runs_side_by_side(tmp_path):
 def test_data_dir_is_the_ruler_context_length():
     assert cli._data_dir(argparse.Namespace(dataset="ruler", context_length=1024, data_seed=1)) == "1024"
     assert cli._data_dir(argparse.Namespace(dataset="longbench", context_length=3000, data_seed=0)) == "lt3000"
+
+
+def test_prose_comparison_puts_mean_kl_side_by_side(tmp_path):
+    from evaluation.side_by_side import kl_table, prose_comparison_markdown
+    from evaluation.store import load_results, results_files
+
+    def write(folder, kls):
+        folder.mkdir()
+        rows = [dict(model="m", dataset="prose", data_dir="1024", task="essay", example_id=w, press=p,
+                     compression_ratio=r, seed=s, kl=k) for (w, p, r, s), k in kls.items()]
+        (folder / "results.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+        return folder
+
+    # window w1: seeds 0.2 and 0.4 average to 0.3; window w2: 0.5; the press's mean over windows is 0.4
+    run = write(tmp_path / "run", {("w1", "full", 0.0, 0): 0.0, ("w1", "prob_min_h", 0.5, 0): 0.2,
+                                   ("w1", "prob_min_h", 0.5, 1): 0.4, ("w2", "prob_min_h", 0.5, 0): 0.5})
+    ref = write(tmp_path / "ref", {("w1", "prob_min_h", 0.5, 0): 0.1, ("w1", "snapkv", 0.5, 0): 0.6})
+    table = kl_table(load_results(*results_files(run)))
+    assert table.to_dict("records") == [dict(press="prob_min_h", compression_ratio=0.5, kl=pytest.approx(0.4))]
+    text = prose_comparison_markdown(run, ref)
+    assert "| prob_min_h | 0.5 | 0.4000 | 0.1000 | 0.3000 |" in text.replace("  ", " ")
+    assert "snapkv" in text and "2 windows here, 1 in the reference" in text
+
+
+def test_demo_prose_runs_the_prose_preset_afresh_and_compares(monkeypatch, tmp_path, capsys):
+    import types
+
+    from evaluation.prose import cli as prose
+    from evaluation.presets import PROSE_DEMO
+
+    seen = {}
+
+    def cmd_run(args, load, model_name):  # writes records as kvprob prose run would
+        seen.update(vars(args))
+        rows = [dict(model="m", dataset="prose", data_dir="1024", task="e", example_id="w", press=p,
+                     compression_ratio=0.5, seed=0, kl=0.1) for p in args.presses]
+        (args.out / "results.jsonl").parent.mkdir(parents=True, exist_ok=True)
+        (args.out / "results.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+    monkeypatch.setattr(prose, "cmd_run", cmd_run)
+    out = tmp_path / "demo"
+    (out / "prose").mkdir(parents=True)
+    (out / "prose" / "results.jsonl").write_text("stale")  # an earlier run's records are removed first
+    cmd_run(types.SimpleNamespace(out=tmp_path / "ref", presses=PROSE_DEMO["presses"]), None, None)
+    cli.demo_prose(cli.parser().parse_args(["demo", "--out", str(out), "--prose-reference", str(tmp_path / "ref")]))
+    assert seen["out"] == out / "prose" and seen["presses"] == PROSE_DEMO["presses"] and seen["split"] == "dev"
+    assert seen["max_windows"] == PROSE_DEMO["max_windows"] and seen["no_report"]
+    assert seen["scored_tokens"] == prose.SCORED_TOKENS
+    printed = capsys.readouterr().out
+    assert "## Prose: this run" in printed and "| prob_min_h | 0.5 | 0.1000 | 0.1000 | 0.0000 |" in printed

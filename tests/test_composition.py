@@ -1,5 +1,5 @@
 """SamplingPress inside kvpress's wrappers: each one either equals its reference or is refused
-with an error naming the wrapper and what to use instead (README, "SamplingPress in kvpress's
+with an error naming the wrapper and what to use instead (docs/presses.md, "Lifetime, and kvpress's
 wrappers"). None may run and silently skip the eviction."""
 
 from collections import defaultdict

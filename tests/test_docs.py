@@ -1,4 +1,4 @@
-"""README.md and docs/*.md against the repository: every command parses, every path and test exists.
+"""README.md, every docs/*.md page and results/README.md against the repository: every command parses, every path and test exists.
 
 What is read:
 - command lines: the lines of ```bash / ```sh / ```shell blocks (a trailing backslash continues a line,
@@ -8,6 +8,7 @@ What is read:
   ``kvpress_prob/``) or name a top-level file; ``tests/x.py::name`` also needs ``def name`` in x.py.
 
 Checks:
+- Every link to a heading (``page.md#anchor``, ``#anchor``) names a heading of that page.
 - ``kvprob ...`` / ``python -m evaluation ...`` parse with ``evaluation.cli.parser()``, ``kvprob bench`` /
   ``python -m evaluation.bench ...`` with the bench CLI's parsers (parse only: nothing is run);
   ``python -m pytest`` names existing test files; any other ``python -m x`` names an importable module.
@@ -33,7 +34,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "results" / "README.md"]
 TOP = ("results/", "tests/", "docs/", "evaluation/", "kvpress_prob/")
 TOP_FILES = ("README.md", "Makefile", "pyproject.toml", "LICENSE")
 IGNORED = ("results/demo",)  # git-ignored outputs of `make demo`
@@ -162,6 +163,21 @@ def check_path(token: str, base: Path, written: list[str]) -> str | None:
     return None
 
 
+def anchors(path: Path) -> set[str]:
+    """GitHub's anchors of a markdown file's headings: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#+ (.+)$", text, re.M)}
+
+
+def check_anchor(link: str, doc: Path) -> str | None:
+    """An error message if a link's ``#anchor`` names no heading of the markdown file it points to."""
+    target, _, anchor = link.partition("#")
+    path = (doc.parent / target).resolve() if target else doc
+    if not anchor or path.suffix != ".md" or not path.is_file() or anchor in anchors(path):
+        return None
+    return f"{link}: no heading #{anchor} in {path.relative_to(ROOT)}"
+
+
 def problems(doc: Path) -> list[str]:
     commands, tokens = scan(doc)
     rel, found, written = doc.relative_to(ROOT), [], []
@@ -180,7 +196,11 @@ def problems(doc: Path) -> list[str]:
                 found.append(f"{rel}:{line}: `{text}`: {message}")
         written += out
     for line, token, link in tokens:
-        if link and token.startswith(("http://", "https://", "#", "mailto:")):
+        if link and token.startswith(("http://", "https://", "mailto:")):
+            continue
+        if link and (message := check_anchor(token, doc)):
+            found.append(f"{rel}:{line}: {message}")
+        if link and token.startswith("#"):
             continue
         base = doc.parent if link else ROOT
         if link:
@@ -196,7 +216,8 @@ def test_the_checker_finds_what_it_should(tmp_path, monkeypatch):
     text = ("x\n```bash\nkvprob run --presses snapkv \\\n    --out results/new-run   # comment\n"
             "kvprob report --results results/new-run\nkvprob run --presses snapkv --ratios 2 --out x\n```\n"
             "See `tests/test_nope.py` and `tests/test_docs.py::test_missing`, `kvprob merge` and\n"
-            "`kvprob compare --results results/never-run\n--split test` and [a](../results/gone/).\n")
+            "`kvprob compare --results results/never-run\n--split test` and [a](../results/gone/).\n"
+            "[b](../README.md#no-such-heading), [c](../README.md#faq)\n")
     monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: text if self == doc else Path.read_bytes(self).decode())
     found = problems(doc)
     assert any(f.startswith("docs/_probe.md:6: `kvprob run --presses snapkv --ratios 2") for f in found), found
@@ -205,7 +226,8 @@ def test_the_checker_finds_what_it_should(tmp_path, monkeypatch):
     assert any(f.startswith("docs/_probe.md:9: `kvprob compare") and "results/never-run does not exist" in f
                for f in found), found
     assert "docs/_probe.md:10: results/gone does not exist" in found
-    assert len(found) == 5, found  # the run's --out folder, reported on next, and `kvprob merge` are fine
+    assert "docs/_probe.md:11: ../README.md#no-such-heading: no heading #no-such-heading in README.md" in found
+    assert len(found) == 6, found  # the run's --out folder, reported on next, and `kvprob merge` are fine
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)

@@ -8,7 +8,7 @@ from kvpress import KnormPress, SnapKVPress, StreamingLLMPress, TOVAPress
 from transformers import DynamicCache
 
 from kvpress_prob.proposals import H2OProposal, MinVarianceProposal, ScoreProposal, normalise, scores_to_weights
-from kvpress_prob.registry import EagerObservedAttentionPress
+from kvpress_prob.h2o import EagerObservedAttentionPress
 
 
 def layer_inputs(model, n=70, layer=1):

@@ -35,8 +35,8 @@ from transformers.cache_utils import DynamicLayer
 
 from kvpress_prob import SamplingPress
 from kvpress_prob.press import language_model
+from kvpress_prob.h2o import EagerObservedAttentionPress
 from kvpress_prob.proposals import scores_read_ratio
-from kvpress_prob.registry import EagerObservedAttentionPress
 from kvpress_prob.spans import SpanPress
 
 

@@ -1,0 +1,226 @@
+"""The registered presses: which points of the grid (``kvpress_prob.grid``) we register, and for each
+its origin (``kvpress``, ``paper``, ``ours``), its family, and its status with the finding behind it.
+
+Statuses: ``recommended``; ``measured`` (decoded on a split, kept as a row); ``rejected`` (lost, with
+the reason); ``unmeasured`` (registered, never decoded: the sweep was stopped for compute). The
+findings are those of docs/findings.md (RULER at 1024 tokens on SmolLM2-135M-Instruct; development
+split = data seed 0, test split = data seed 1). A family's status applies to its names unless
+``STATUS`` names one.
+
+Adding a family: one ``Family`` row, its grid points in ``REGISTERED``, a rule in ``family_of``; a
+family of presses outside the grammar (a dict name -> factory) goes in ``NAMED``, e.g. for the
+decoding presses: ``NAMED.update({n: (None, "ours", "decoding") for n in DECODING_PRESSES})`` and a
+``Family("ours", "decoding", ...)`` row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from kvpress_prob.grid import Parts, grid, press_name
+
+
+@dataclass(frozen=True)
+class Family:
+    origin: str  # kvpress | paper | ours
+    name: str
+    pattern: str  # how its names are written
+    paper: str
+    status: str
+    finding: str
+    docs: str  # where the finding is
+
+
+FAMILIES: dict[str, Family] = {f.name: f for f in [
+    Family("kvpress", "top-k", "<scorer>", "StreamingLLM, SnapKV, TOVA, H2O, K-norm, KeyDiff, LagKV, "
+           "ExpectedAttention (kvpress, under AdaKV); papers in docs/presses.md", "measured",
+           "the baselines; best top-k on the test split: expected_attention at r = 0.25 / 0.75 (56.8 / 35.7)",
+           "docs/findings.md#3-test-split"),
+    Family("kvpress", "AdaKV", "adakv_<scorer>", "AdaKV (Feng et al. 2024)", "measured",
+           "head-adaptive top-k that masks: holds the full cache at every ratio", "docs/findings.md#adaptive-top-k"),
+    Family("paper", "sampled", "prob_<proposal>[_nocorr]", "Geh et al. 2026", "measured",
+           "does not reproduce the paper's ranking here: prob_min_h 4.2 vs tova 20.8 at r = 0.5 (66 examples)",
+           "docs/findings.md#the-papers-ruler-sweep-on-the-embedded-model"),
+    Family("ours", "proposals and draws", "prob_<proposal>_<c|shared|w<k>|strata|coord|ht>", "ours", "measured",
+           "on one 2k needle only (results/registry-niah-2k)", "docs/presses.md#beyond-the-paper-origin-ours"),
+    Family("ours", "designs", "prob_<proposal>_<threshold|priority>[_s<k>][_floor][_head]",
+           "threshold (pi-ps) and priority sampling (Duffield et al. 2007)", "rejected",
+           "tokens sampled one by one lose multi-token needles (prob_tova_threshold 16.7 at r = 0.5, 6 dev ex)",
+           "docs/findings.md#2-sampling-designs-development-split"),
+    Family("ours", "blocks", "prob_<proposal>_block<k>[_priority]", "cluster sampling", "measured",
+           "blocks keep a number's digits together, for sampling and top-k alike",
+           "docs/findings.md#2-sampling-designs-development-split"),
+    Family("ours", "top-k twins", "topk_<proposal>[_block<k>]", "ours", "measured",
+           "the sampled designs' deterministic twins (same proposal, unit and budget)",
+           "docs/findings.md#3-test-split"),
+    Family("ours", "adaptive", "<scorer>_adaptive", "AdaKV's budget (Feng et al. 2024), memory freed", "measured",
+           "frees 1 - r of the cache where AdaKV frees nothing", "docs/findings.md#adaptive-top-k"),
+    Family("ours", "hybrids", "hybrid_<proposal>_block<k>_a<pct>[_threshold|_global]", "ours", "measured",
+           "the first sampling designs within noise of the best top-k", "docs/findings.md#6-the-new-recommended-on-the-test-split"),
+    Family("ours", "summaries", "<press>_sum<V>[_seg][_tau<t>]", "ours", "measured",
+           "lower the attention error by a fifth, move no answer beyond noise (equal memory)",
+           "docs/findings.md#4-evicted-set-summaries-and-stratified-hybrids-issue-16"),
+    Family("ours", "calibrated", "prob_<scorer>_block8_priority_<rank|ent>", "ours", "measured",
+           "a rank map makes sampling over KeyDiff work (dev mean 39.8 vs 18.3)",
+           "docs/findings.md#5-calibrated-proposals-span-aware-units-and-an-attention-measure-that-predicts-answers"),
+    Family("ours", "spans", "topk_<proposal>_span<k>[_nowiden]", "ours", "rejected",
+           "span-aware units change no answer against blocks of 8 (0.0 on 9 test examples)",
+           "docs/findings.md#5-calibrated-proposals-span-aware-units-and-an-attention-measure-that-predicts-answers"),
+]}
+
+PAPER_PROPOSALS = ("streaming_llm", "snapkv", "tova", "h2o", "knorm", "min", "min_h", "h2o_h")
+_NC = ((), ("nocorr",))
+
+
+def family_of(parts: Parts) -> str:
+    keys = {o.rstrip("0123456789.") for o in parts.options}
+    if "sum" in keys:
+        return "summaries"
+    if parts.unit.startswith("span"):
+        return "spans"
+    if keys & {"rank", "ent"}:
+        return "calibrated"
+    if parts.kind in ("kvpress", "adakv"):
+        return {"kvpress": "top-k", "adakv": "AdaKV"}[parts.kind]
+    if parts.kind in ("adaptive", "hybrid"):
+        return {"adaptive": "adaptive", "hybrid": "hybrids"}[parts.kind]
+    if parts.kind == "topk":
+        return "top-k twins"
+    if parts.unit.startswith("block"):
+        return "blocks"
+    if parts.design != "poisson":
+        return "designs"
+    if parts.proposal in PAPER_PROPOSALS and keys <= {"nocorr"}:
+        return "sampled"
+    return "proposals and draws"
+
+
+#: The registered points of the grid, in the order ``kvprob presses --all`` lists them.
+REGISTERED: list[Parts] = [
+    *grid("kvpress", ["streaming_llm", "snapkv", "tova", "h2o", "knorm", "expected_attention", "keydiff", "lagkv"]),
+    *grid("adakv", ["snapkv", "tova", "knorm", "keydiff", "lagkv"]),
+    *grid("prob", PAPER_PROPOSALS, options=_NC),
+    *grid("prob", ["min"], options=[("c",), ("c", "nocorr"), ("shared",)]),
+    *grid("prob", ["min_h"], options=[o + n for o in [("strata",), ("coord",), ("shared",), ("ht",)] for n in _NC]),
+    *grid("prob", ["snapkv"], options=[o + n for o in [("strata",), ("ht",)] for n in _NC]),
+    *grid("prob", ["min_h"], options=[("w64",)]),
+    *grid("prob", ["expected_attention", "keydiff", "lagkv", "min_h_s256"]),
+    *grid("prob", ["tova"], designs=["threshold", "priority"], options=[(), ("s4",), ("s4", "head")]),
+    *grid("prob", ["tova"], designs=["threshold"], options=[("floor",)]),
+    *grid("prob", ["knorm", "min_h"], designs=["threshold", "priority"]),
+    *grid("prob", ["keydiff", "expected_attention"], designs=["threshold"]),
+    *grid("prob", ["tova", "knorm", "min_h", "keydiff", "expected_attention"], units=["block8"]),
+    *grid("prob", ["tova"], units=["block16"]),
+    *grid("prob", ["tova", "keydiff", "expected_attention"], units=["block8"], designs=["priority"]),
+    *grid("prob", ["keydiff"], units=["block8"], designs=["priority"], options=[("rank",), ("ent",)]),
+    *grid("prob", ["expected_attention"], units=["block8"], designs=["priority"], options=[("ent",)]),
+    *grid("topk", ["min_h"]),
+    *grid("topk", ["tova", "knorm", "keydiff"], units=["block8"]),
+    *grid("topk", ["tova"], units=["block16"]),
+    *grid("topk", ["keydiff", "tova"], units=["span8"], options=[(), ("nowiden",)]),
+    *grid("adaptive", ["snapkv", "tova", "knorm", "keydiff", "expected_attention", "lagkv"]),
+    *grid("hybrid", ["keydiff", "tova", "expected_attention"], units=["block8"], options=[("a50",), ("a75",), ("a90",)]),
+    *grid("hybrid", ["keydiff"], units=["block8"], options=[("a75", "threshold"), ("a75", "global")]),
+    *grid("kvpress", ["keydiff", "tova", "knorm"], options=[(f"sum{c}",) for c in (1, 4, 16, 64)]),
+    *grid("kvpress", ["keydiff"], options=[(f"sum{c}", "seg") for c in (1, 4, 16, 64)]),
+    *grid("kvpress", ["keydiff", "tova", "knorm"], options=[(f"sum{c}", f"tau{t}") for c in (4, 16) for t in (0.5, 0.1)]),
+    *grid("topk", ["tova", "keydiff"], units=["block8"], options=[("sum4",)]),
+    *grid("hybrid", ["keydiff"], units=["block8"], options=[("a75", "sum4"), ("a75", "global", "sum4")]),
+]
+
+#: Presses outside the grammar: name -> (factory of the compression ratio, or None for a press built
+#: elsewhere and only listed here, e.g. a decoding press built by ``get_decoding_press(name, target_size,
+#: compression_interval)``; origin; family). Empty today.
+NAMED: dict[str, tuple[Callable | None, str, str]] = {}
+
+_UNMEASURED = "registered, never decoded (its sweep was stopped for compute)"
+_EARLY = "rejected early: 1-2 development examples (results/dev/compare.md)"
+_TEST = "test split, 32 examples"
+
+#: Per-name statuses, where a name differs from its family's.
+STATUS: dict[str, tuple[str, str]] = {
+    "snapkv": ("measured", "near 0 on this model (6.7 at r = 0.5, 66 examples)"),
+    "keydiff": ("measured", f"39.1 / 25.3 at r = 0.5 / 0.75 ({_TEST})"),
+    "adakv_knorm": ("measured", "knorm_adaptive is ahead: +20.8 [+6.8, +34.8] at r = 0.25 (32 test examples)"),
+    "prob_min_h_s256": ("measured", "within noise of prob_min_h (-0.4 [-2.3, +1.5], 17 test examples); "
+                        "prefill 0.90x snapkv's at 8k"),
+    "prob_min_h_ht": ("measured", "HT weights lower KL vs count weights: -0.015 [-0.023, -0.006] (6 NIAH at 2k)"),
+    "prob_snapkv_ht": ("measured", "HT weights lower KL vs count weights: -0.016 [-0.029, -0.002] (6 NIAH at 2k)"),
+    "prob_tova_threshold_s4": ("rejected", "sharpening moves mass to sinks and recent tokens, the needle falls "
+                               "into the tail (13.3 / 0.0 at r = 0.25 / 0.5, 5 dev ex)"),
+    "prob_tova_threshold_floor": ("rejected", _EARLY),
+    "prob_tova_priority_s4": ("rejected", _EARLY),
+    "prob_tova_priority_s4_head": ("rejected", _EARLY),
+    "prob_min_h_threshold": ("rejected", _EARLY),
+    "prob_min_h_block8": ("rejected", _EARLY),
+    "prob_tova_block8": ("rejected", "a random block count per head (14.9 at r = 0.5 vs 25.3 for priority, dev)"),
+    "prob_tova_block8_priority": ("measured", "the previous RECOMMENDED: 29.9 at r = 0.5 (test); "
+                                  "the hybrid beats it by +18.7 [+6.2, +31.2]"),
+    "prob_knorm_block8": ("measured", f"development runner-up; 21.4 at r = 0.5 ({_TEST})"),
+    "topk_keydiff_block8": ("recommended", f"best top-k: win score 0.656, 52.9 at r = 0.5 ({_TEST})"),
+    "topk_min_h": ("measured", "the decomposition's allocation step: loses the 2k needle at r = 0.25"),
+    "expected_attention_adaptive": ("rejected", "AdaKV is far ahead at r = 0.75: -35.7 [-51.1, -20.2] "
+                                    "(the allocation stays near uniform)"),
+    "knorm_adaptive": ("measured", "+20.8 [+6.8, +34.8] over adakv_knorm at r = 0.25 (32 test examples)"),
+    "hybrid_keydiff_block8_a90": ("recommended", "RECOMMENDED (dev mean 47.0); test: within noise of the best "
+                                  "top-k at r = 0.25 / 0.5 / 0.9, -9.6 [-25.9, +6.6] at 0.75"),
+    "hybrid_keydiff_block8_a75": ("measured", "dev mean 42.3 (8 examples)"),
+    "keydiff_sum4": ("measured", "+5.5 [-3.2, +14.2] over keydiff at r = 0.5, -2.3 [-5.6, +1.0] at 0.75 (29 test ex)"),
+    "tova_sum4": ("measured", "every answer the same as tova's (29 test examples)"),
+    "knorm_sum4": ("measured", "+8.0 [-1.9, +18.0] over knorm at r = 0.5 (29 test examples)"),
+    "keydiff_sum64": ("rejected", "64 entries raise the KL (0.056 vs 0.046 at r = 0.5, 4 dev examples)"),
+    "prob_keydiff_block8_priority_rank": ("measured", "dev mean 39.8, second to the hybrids; 6 test examples only"),
+    "prob_keydiff_block8_priority_ent": ("rejected", "the entropy-matched softmax sharpens onto keys that are not "
+                                         "the needle (needle share 0.49x uniform; dev mean 27.1)"),
+    "prob_expected_attention_block8_priority_ent": ("rejected", "screened out without decoding: needle share "
+                                                    "0.34x uniform"),
+    **{f"keydiff_sum{c}_seg": ("rejected", "position segments do worse than k-means (error 0.209 vs 0.199 at "
+                               "r = 0.5)") for c in (1, 4, 16, 64)},
+    **{f"keydiff_sum{c}_tau{t}": ("rejected", "no tempered weight did better: tau = 0.5 gave the answers of tau = 1")
+       for c in (4, 16) for t in (0.5, 0.1)},
+    **{name: ("unmeasured", _UNMEASURED) for name in (
+        "topk_keydiff_span8_nowiden", "topk_tova_span8_nowiden", "prob_keydiff", "prob_lagkv", "prob_min_shared",
+        "prob_min_h_w64", "prob_tova_threshold_s4_head", "prob_knorm_priority", "prob_min_h_priority",
+        "prob_keydiff_threshold", "prob_expected_attention_threshold", "prob_expected_attention_block8",
+        "prob_keydiff_block8", "hybrid_tova_block8_a50", "hybrid_tova_block8_a90",
+        "hybrid_expected_attention_block8_a50", "hybrid_expected_attention_block8_a90",
+        "hybrid_keydiff_block8_a75_threshold", "tova_sum1", "tova_sum64", "knorm_sum1", "knorm_sum16",
+        "knorm_sum64", "tova_sum4_tau0.5", "tova_sum4_tau0.1", "tova_sum16_tau0.5", "tova_sum16_tau0.1",
+        "knorm_sum4_tau0.5", "knorm_sum4_tau0.1", "knorm_sum16_tau0.5", "knorm_sum16_tau0.1",
+        "topk_tova_block8_sum4", "hybrid_keydiff_block8_a75_global_sum4")},
+    **{name: ("measured", "1 development example (stopped for compute)") for name in (
+        "hybrid_keydiff_block8_a50", "hybrid_keydiff_block8_a75_global", "hybrid_tova_block8_a75",
+        "hybrid_expected_attention_block8_a75")},
+    **{f"prob_{p}_nocorr": ("measured", "the correction's step: -1.0 to +5.9 points, every interval containing 0 "
+                            "(decomposition, dev)") for p in PAPER_PROPOSALS},
+}
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    parts: Parts | None  # None for a NAMED press
+    origin: str
+    family: str
+    status: str
+    finding: str
+    docs: str
+
+
+def origin_of(parts: Parts) -> str:
+    return FAMILIES[family_of(parts)].origin
+
+
+def entries() -> dict[str, Entry]:
+    """Every registered press by name, in ``REGISTERED`` order, then ``NAMED``."""
+    out = {}
+    for parts in REGISTERED:
+        name, family = press_name(parts), FAMILIES[family_of(parts)]
+        status, finding = STATUS.get(name, (family.status, family.finding))
+        out[name] = Entry(name, parts, family.origin, family.name, status, finding, family.docs)
+    for name, (_, origin, family) in NAMED.items():
+        fam = FAMILIES[family]
+        status, finding = STATUS.get(name, (fam.status, fam.finding))
+        out[name] = Entry(name, None, origin, family, status, finding, fam.docs)
+    return out

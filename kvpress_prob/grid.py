@@ -1,0 +1,321 @@
+"""Press names as a grid: ``Parts(kind, proposal, unit, design, options)`` <-> a name <-> a press.
+
+A name is written ``[prefix_]<proposal>[_<unit>][_<design>][_<option>...]`` (``press_name``), read
+back by ``parse_name`` and built by ``build``. The kinds of name and their prefixes:
+
+- ``kvpress``: kvpress's own top-k press over a scorer, named by the scorer (``snapkv``, ``h2o``);
+  ``adakv``: kvpress's ``AdaKVPress`` around it (``adakv_tova``). kvpress's evaluation runs
+  ExpectedAttention under AdaKV, so ``expected_attention`` is that and ``adakv_expected_attention``
+  is not a second name for it.
+- ``prob``: ``SamplingPress`` sampling from a proposal (``prob_min_h``, ``prob_tova_block8_priority``).
+- ``topk``: the same proposal and unit kept by top-k (``topk_keydiff_block8``).
+- ``adaptive``: head-adaptive top-k that frees memory, one budget per layer (``snapkv_adaptive``).
+- ``hybrid``: blocks, each head's top ``a<percent>`` of its allocation kept exactly, the rest sampled
+  (``hybrid_keydiff_block8_a90``).
+
+Units: ``token`` (unwritten), ``block<k>`` (``BlockSampler``), ``span<k>`` (word-aligned, ``SpanPress``).
+Designs (``prob``): ``poisson`` (the paper's draws; unwritten on tokens), ``threshold`` (unwritten on
+blocks), ``priority``. Options, always written in ``OPTIONS`` order, each one field: see ``OPTIONS``.
+The per-head budget is the default where a unit is kept whole by a fixed count per head (blocks or
+spans under priority, top-k or a hybrid); elsewhere the paper's global budget. A name whose every
+part is valid builds, registered or not; a wrong part is refused with the valid ones.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Callable
+
+from kvpress import (AdaKVPress, BasePress, ExpectedAttentionPress, KeyDiffPress, KnormPress, LagKVPress,
+                     SnapKVPress, StreamingLLMPress, TOVAPress)
+
+from kvpress_prob.calibration import CalibratedProposal
+from kvpress_prob.h2o import EagerObservedAttentionPress
+from kvpress_prob.press import SamplingPress
+from kvpress_prob.proposals import (H2OProposal, MinVarianceProposal, Proposal, SampledMinVarianceProposal,
+                                   ScoreProposal)
+from kvpress_prob.samplers import PoissonSampler, Sampler, TopKSampler
+from kvpress_prob.samplers.block import BlockSampler
+from kvpress_prob.samplers.priority import PrioritySampler
+from kvpress_prob.samplers.stratified import StratifiedSampler
+from kvpress_prob.samplers.threshold import ThresholdSampler
+from kvpress_prob.spans import SpanPress, SpanSampler
+from kvpress_prob.summary import Summary, summarised
+
+#: kvpress scorers by name: the class with our settings (``compression_ratio`` is given when built).
+SCORERS: dict[str, Callable[..., BasePress]] = {
+    "streaming_llm": StreamingLLMPress,
+    "snapkv": SnapKVPress,
+    "tova": TOVAPress,
+    "knorm": KnormPress,
+    "keydiff": KeyDiffPress,
+    "expected_attention": partial(ExpectedAttentionPress, epsilon=1e-2),
+    "lagkv": LagKVPress,
+}
+
+#: Proposals by name: every kvpress scorer's scores (``ScoreProposal``) and the paper's own.
+PROPOSALS: dict[str, Callable[[], Proposal]] = {
+    **{name: (lambda scorer=scorer: ScoreProposal(scorer=scorer())) for name, scorer in SCORERS.items()},
+    "h2o": lambda: H2OProposal(harmonic=False),
+    "h2o_h": lambda: H2OProposal(harmonic=True),
+    "min": lambda: MinVarianceProposal(harmonic=False),
+    "min_h": lambda: MinVarianceProposal(harmonic=True),
+    "min_h_s256": lambda: SampledMinVarianceProposal(query_rows=256),  # 256 sampled query rows, O(s n)
+}
+
+KINDS = ("kvpress", "adakv", "prob", "topk", "adaptive", "hybrid")
+PREFIXES = {"adakv": "adakv_", "prob": "prob_", "topk": "topk_", "hybrid": "hybrid_"}
+#: kvpress's wrapper that a scorer's kvpress name already carries (kvpress's own evaluation registry).
+KVPRESS_WRAPPED = {"expected_attention": "adakv"}
+
+#: Designs of each kind: the first is written nowhere (the kind's or the unit's default).
+DESIGNS = {"prob": ("poisson", "threshold", "priority"), "topk": ("topk",), "adaptive": ("topk",),
+           "hybrid": ("stratified",), "kvpress": ("topk",), "adakv": ("topk",)}
+UNIT = re.compile(r"^(token|block(\d+)|span(\d+))$")
+
+#: Options in the order they are written: (pattern, what it sets, which kinds may use it).
+OPTIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "c": (r"c", "proposal centred=True (pi_min of |v_i - o|)", ("prob",)),
+    "shared": (r"shared", "proposal head_shared=True (one proposal per layer)", ("prob",)),
+    "w": (r"w(\d+)", "proposal query_window=<k> (the last k query rows)", ("prob",)),
+    "s": (r"s(\d+)", "proposal sharpness=<k> (pi proportional to pi^k)", ("prob",)),
+    "rank": (r"rank", "CalibratedProposal(calibration='rank'): pi by the scorer's rank", ("prob",)),
+    "ent": (r"ent", "CalibratedProposal(calibration='entropy'): entropy-matched softmax", ("prob",)),
+    "a": (r"a(\d+)", "StratifiedSampler alpha=<k>/100: the top share of each head kept exactly", ("hybrid",)),
+    "strata": (r"strata", "PoissonSampler alpha=0.5: the top half of each head's allocation kept", ("prob",)),
+    "coord": (r"coord", "PoissonSampler coordinated=True: one uniform per position for all heads", ("prob",)),
+    "ht": (r"ht", "PoissonSampler inclusion_weights=True: Horvitz-Thompson weights 1/q_i", ("prob",)),
+    "floor": (r"floor", "ThresholdSampler min_keep=0.5: every head keeps half its share", ("prob",)),
+    "threshold": (r"threshold", "StratifiedSampler design='threshold' for the sampled rest", ("hybrid",)),
+    "nowiden": (r"nowiden", "SpanSampler widen=0: kept spans not widened by a token", ("prob", "topk")),
+    "head": (r"head", "budget='head' (one budget per head)", ("prob", "topk", "hybrid")),
+    "global": (r"global", "budget='global' (one budget for the model)", ("prob", "topk", "hybrid")),
+    "nocorr": (r"nocorr", "correct=False: the same kept set, no SNIS correction", ("prob", "topk", "hybrid")),
+    "sum": (r"sum(\d+)", "summary n_virtual=<V>: V virtual entries per KV head, charged to the budget", KINDS),
+    "seg": (r"seg", "summary grouping='segments' (position segments, not k-means)", KINDS),
+    "tau": (r"tau(\d+(?:\.\d+)?)", "summary weight=<tau>: log-weight log(tau count)", KINDS),
+}
+_ORDER = list(OPTIONS)
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What a name says: its kind, proposal (or scorer), unit, design and options (in ``OPTIONS`` order)."""
+
+    kind: str
+    proposal: str
+    unit: str = "token"
+    design: str = ""
+    options: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if not self.design:
+            object.__setattr__(self, "design", default_design(self.kind, self.unit))
+
+
+def default_design(kind: str, unit: str) -> str:
+    if kind == "prob" and unit.startswith("block"):
+        return "threshold"  # BlockSampler's default inner design
+    if kind == "prob" and unit.startswith("span"):
+        return ""  # written: priority or topk
+    return DESIGNS.get(kind, ("",))[0]
+
+
+def default_budget(parts: Parts) -> str:
+    if parts.kind == "adaptive":
+        return "layer"
+    whole_units = parts.unit != "token" and parts.design in ("priority", "topk", "stratified")
+    return "head" if whole_units or parts.unit.startswith("span") else "global"
+
+
+def _option_key(token: str) -> str | None:
+    for key, (pattern, _, _) in OPTIONS.items():
+        if re.fullmatch(pattern, token):
+            return key
+    return None
+
+
+def _valid_parts() -> str:
+    return (f"kinds {list(KINDS)} (prefixes {PREFIXES}; adaptive: <scorer>_adaptive; kvpress: the "
+            f"scorer's name or h2o); scorers {list(SCORERS)}; proposals {list(PROPOSALS)}; units token, "
+            f"block<k>, span<k>; designs {DESIGNS['prob']} (prob); options, in this order: "
+            + ", ".join(_shown(OPTIONS[k][0]) for k in _ORDER))
+
+
+def _shown(pattern: str) -> str:
+    return pattern.replace(r"(\d+(?:\.\d+)?)", "<t>").replace(r"(\d+)", "<k>")
+
+
+def _refuse(name: str, why: str):
+    raise ValueError(f"press name {name!r}: {why}. Valid parts: {_valid_parts()}")
+
+
+def press_name(parts: Parts) -> str:
+    """The one name of ``parts`` (defaults left unwritten)."""
+    if parts.kind == "kvpress":
+        head = parts.proposal
+    elif parts.kind == "adaptive":
+        head = f"{parts.proposal}_adaptive"
+    else:
+        head = PREFIXES[parts.kind] + parts.proposal
+    words = [head]
+    if parts.unit != "token":
+        words.append(parts.unit)
+    if parts.design != default_design(parts.kind, parts.unit):
+        words.append(parts.design)
+    return "_".join(words + list(parts.options))
+
+
+def parse_name(name: str) -> Parts:
+    """The parts of a press name; a ``ValueError`` naming the wrong part and listing the valid ones."""
+    words = name.split("_")
+    kind = next((f for f, p in PREFIXES.items() if name.startswith(p)), None)
+    if kind is not None:
+        words = words[1:]
+    elif "adaptive" in words[1:]:
+        kind = "adaptive"
+    else:
+        kind = "kvpress"
+    names = {"kvpress": [*SCORERS, "h2o"], "adakv": list(SCORERS), "adaptive": list(SCORERS)}.get(kind, PROPOSALS)
+    proposal = max((p for p in names if words[: p.count("_") + 1] == p.split("_")), key=len, default=None)
+    if proposal is None:
+        _refuse(name, f"{'_'.join(words)!r} starts with no {'scorer' if names is not PROPOSALS else 'proposal'} "
+                      f"of kind {kind!r}")
+    tail = words[proposal.count("_") + 1:]
+    if kind == "adaptive":
+        if tail[:1] != ["adaptive"]:
+            _refuse(name, "an adaptive press is named <scorer>_adaptive")
+        tail = tail[1:]
+    unit = tail.pop(0) if tail and UNIT.match(tail[0]) and tail[0] != "token" else "token"
+    design = ""
+    if tail and tail[0] in DESIGNS[kind]:
+        design = tail.pop(0)
+        if design == default_design(kind, unit):
+            _refuse(name, f"design {design!r} is the default of kind {kind!r} on {unit!r}: leave it out")
+    unknown = [w for w in tail if _option_key(w) is None]
+    if unknown:
+        _refuse(name, f"unknown part(s) {unknown} after {proposal!r}")
+    parts = Parts(kind, proposal, unit, design, tuple(tail))
+    check(parts, name)
+    return parts
+
+
+def check(parts: Parts, name: str | None = None) -> None:
+    """Refuse parts that name no press, or a press that another name already names."""
+    name = name or press_name(parts)
+    kind, keys = parts.kind, [_option_key(o) for o in parts.options]
+    if None in keys:
+        _refuse(name, f"unknown option in {list(parts.options)}")
+    if keys != sorted(keys, key=_ORDER.index) or len(set(keys)) != len(keys):
+        _refuse(name, f"options {list(parts.options)} out of order or repeated")
+    for option, key in zip(parts.options, keys):
+        if kind not in OPTIONS[key][2]:
+            _refuse(name, f"option {option!r} does not apply to kind {kind!r}")
+    if kind in ("kvpress", "adakv", "adaptive") and parts.unit != "token":
+        _refuse(name, f"kind {kind!r} keeps tokens, not {parts.unit!r}")
+    if kind == "adakv" and KVPRESS_WRAPPED.get(parts.proposal) == "adakv":
+        _refuse(name, f"{parts.proposal!r} already runs under AdaKV")
+    if kind == "hybrid" and (not parts.unit.startswith("block") or "a" not in keys):
+        _refuse(name, "a hybrid needs a block unit and an a<percent> option")
+    if parts.unit.startswith("span") and parts.design not in ("priority", "topk"):
+        _refuse(name, "span units take the priority design (written) or the topk kind")
+    if parts.design not in DESIGNS[kind]:
+        _refuse(name, f"design {parts.design!r} is not one of kind {kind!r}: {DESIGNS[kind]}")
+    if kind == "prob" and parts.unit.startswith("span") and "nowiden" not in keys:
+        _refuse(name, "priority over widened spans has biased weights (issue 19): add _nowiden")
+    if "nowiden" in keys and not parts.unit.startswith("span"):
+        _refuse(name, "nowiden applies to span units")
+    if {"rank", "ent"} <= set(keys) or (({"rank", "ent"} & set(keys)) and parts.proposal not in SCORERS):
+        _refuse(name, "rank / ent calibrate one kvpress scorer's scores")
+    if "sum" in keys and (kind == "adakv" or KVPRESS_WRAPPED.get(parts.proposal) and kind == "kvpress"):
+        _refuse(name, "a summary wraps a kvpress scorer or a sampling press, not AdaKV")
+    budget = [k for k in keys if k in ("head", "global")]
+    if budget and (len(budget) > 1 or budget[0] == default_budget(parts)):
+        _refuse(name, f"budget option {budget} repeats the default {default_budget(parts)!r} or conflicts")
+    sampler_options = {"strata": "poisson", "coord": "poisson", "ht": "poisson", "floor": "threshold"}
+    for key in keys:
+        if key in sampler_options and (parts.design != sampler_options[key] or parts.unit != "token"):
+            _refuse(name, f"option {key!r} applies to the {sampler_options[key]} design over tokens")
+
+
+def _value(parts: Parts, key: str) -> str | None:
+    for option in parts.options:
+        match = re.fullmatch(OPTIONS[key][0], option)
+        if match:
+            return match.group(1) if match.groups() else option
+    return None
+
+
+def _proposal(parts: Parts) -> Proposal:
+    calibration = {"rank": "rank", "ent": "entropy"}.get(next((o for o in parts.options if o in ("rank", "ent")), ""))
+    if calibration:
+        proposal = CalibratedProposal(scorer=SCORERS[parts.proposal](), calibration=calibration)
+    else:
+        proposal = PROPOSALS[parts.proposal]()
+    fields = {"centred": _value(parts, "c") and True, "head_shared": _value(parts, "shared") and True,
+              "query_window": _value(parts, "w") and int(_value(parts, "w")),
+              "sharpness": _value(parts, "s") and float(_value(parts, "s"))}
+    fields = {k: v for k, v in fields.items() if v is not None}
+    missing = [k for k in fields if not hasattr(proposal, k)]
+    if missing:
+        raise ValueError(f"press {press_name(parts)!r}: proposal {parts.proposal!r} has no field {missing}")
+    return replace(proposal, **fields) if fields else proposal
+
+
+def _token_sampler(parts: Parts) -> Sampler:
+    design = parts.design
+    if design == "poisson":
+        fields = {"alpha": 0.5 if _value(parts, "strata") else None, "coordinated": _value(parts, "coord") and True,
+                  "inclusion_weights": _value(parts, "ht") and True}
+        return PoissonSampler(**{k: v for k, v in fields.items() if v is not None})
+    if design == "threshold":
+        return ThresholdSampler(min_keep=0.5) if _value(parts, "floor") else ThresholdSampler()
+    if design == "stratified":
+        alpha = int(_value(parts, "a")) / 100
+        return StratifiedSampler(alpha=alpha, design="threshold" if _value(parts, "threshold") else "priority")
+    return {"priority": PrioritySampler, "topk": TopKSampler}[design]()
+
+
+def build(parts: Parts, compression_ratio: float) -> BasePress:
+    """The press that ``parts`` name, at ``compression_ratio``."""
+    check(parts)
+    r = compression_ratio
+    if parts.kind in ("kvpress", "adakv"):
+        if parts.proposal == "h2o":
+            press = EagerObservedAttentionPress(compression_ratio=r)
+        else:
+            press = SCORERS[parts.proposal](compression_ratio=r)
+        if parts.kind == "adakv" or KVPRESS_WRAPPED.get(parts.proposal) == "adakv":
+            press = AdaKVPress(press=press)
+    else:
+        kwargs = {"compression_ratio": r}
+        if parts.kind == "adaptive":
+            kwargs["budget"] = "layer"
+        elif (budget := _value(parts, "head") or _value(parts, "global") or default_budget(parts)) != "global":
+            kwargs["budget"] = budget
+        if _value(parts, "nocorr"):
+            kwargs["correct"] = False
+        if parts.unit.startswith("span"):
+            widen = 0 if _value(parts, "nowiden") else 1
+            sampler = SpanSampler(inner=parts.design, widen=widen)
+            press = SpanPress(proposal=_proposal(parts), sampler=sampler, size=int(parts.unit[4:]), **kwargs)
+        else:
+            sampler = _token_sampler(parts)
+            if parts.unit.startswith("block"):
+                sampler = BlockSampler(size=int(parts.unit[5:]), inner=sampler)
+            press = SamplingPress(proposal=_proposal(parts), sampler=sampler, **kwargs)
+    if _value(parts, "sum"):
+        summary = {"n_virtual": int(_value(parts, "sum"))}
+        if _value(parts, "seg"):
+            summary["grouping"] = "segments"
+        if _value(parts, "tau"):
+            summary["weight"] = float(_value(parts, "tau"))
+        press = summarised(press, Summary(**summary))
+    return press
+
+
+def grid(kind: str, proposals, units=("token",), designs=("",), options=((),)) -> list[Parts]:
+    """Every combination of the given parts, in order (each ``options`` item is a tuple of option words)."""
+    return [Parts(kind, p, u, d, tuple(o)) for p in proposals for u in units for d in designs for o in options]

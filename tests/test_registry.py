@@ -1,0 +1,141 @@
+"""The registry as a grid: every name of the registry at main a1ed234 builds an equal press (the
+snapshot in tests/data, written by tests/registry_snapshot.py from that commit's code), names parse
+back into their parts, wrong parts are refused with the valid ones, and every entry has an origin
+and a status with its finding."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from registry_snapshot import DATA, RATIOS, tree
+
+from kvpress_prob.catalogue import FAMILIES, STATUS
+from kvpress_prob.grid import Parts, build, parse_name, press_name
+from kvpress_prob.press import SamplingPress
+from kvpress_prob.registry import CATALOGUE, PRESSES, RECOMMENDED, get_press, is_sampling
+from kvpress_prob.samplers.block import BlockSampler
+from kvpress_prob.samplers.priority import PrioritySampler
+
+ROOT = Path(__file__).resolve().parent.parent
+SNAPSHOT = json.loads((DATA / "registry-a1ed234.json").read_text())
+#: Names of the snapshot no longer registered, each with its reason.
+REMOVED: dict[str, str] = {name: "priority over widened spans: biased weights, removed (issue 19 item 1)"
+                           for name in ("prob_tova_span8_priority", "prob_keydiff_span8_priority_ent")}
+#: Classes that moved module since the snapshot: old path -> new path.
+MOVED = {"kvpress_prob.registry.EagerObservedAttentionPress": "kvpress_prob.h2o.EagerObservedAttentionPress"}
+#: Init fields added to a class since the snapshot: name -> why (a new field is ignored only if named here).
+NEW_FIELDS: dict[str, str] = {}
+
+
+def moved(node):
+    if isinstance(node, dict):
+        return {k: (MOVED.get(v, v) if k == "class" else moved(v)) for k, v in node.items()}
+    return [moved(x) for x in node] if isinstance(node, list) else node
+
+
+def without_new_fields(new, old):
+    """``new`` without the fields of ``NEW_FIELDS`` that ``old`` (the snapshot) does not have, recursively."""
+    if isinstance(new, dict) and isinstance(old, dict):
+        keep = {k: v for k, v in new.items() if k in old or not (k in NEW_FIELDS and "fields" not in new)}
+        return {k: without_new_fields(v, old.get(k)) for k, v in keep.items()}
+    if isinstance(new, list) and isinstance(old, list) and len(new) == len(old):
+        return [without_new_fields(a, b) for a, b in zip(new, old)]
+    return new
+
+
+def test_every_snapshot_name_builds_an_equal_press():
+    assert set(SNAPSHOT) - set(REMOVED) <= set(PRESSES), sorted(set(SNAPSHOT) - set(REMOVED) - set(PRESSES))
+    assert not set(REMOVED) & set(PRESSES)
+    for name in sorted(set(SNAPSHOT) - set(REMOVED)):
+        for r in RATIOS:
+            old = moved(SNAPSHOT[name][str(r)])
+            assert without_new_fields(json.loads(json.dumps(tree(get_press(name, r)))), old) == old, (name, r)
+
+
+def test_names_parse_back_into_their_parts():
+    for name, entry in CATALOGUE.items():
+        assert parse_name(name) == entry.parts and press_name(entry.parts) == name
+    # written by hand, not by the grid
+    assert parse_name("prob_tova_block8_priority") == Parts("prob", "tova", "block8", "priority", ())
+    assert parse_name("prob_tova_block8") == Parts("prob", "tova", "block8", "threshold", ())
+    assert parse_name("prob_min_h_s256") == Parts("prob", "min_h_s256", "token", "poisson", ())
+    assert parse_name("prob_min_h_strata_nocorr") == Parts("prob", "min_h", "token", "poisson", ("strata", "nocorr"))
+    assert parse_name("hybrid_keydiff_block8_a75_global_sum4") == Parts(
+        "hybrid", "keydiff", "block8", "stratified", ("a75", "global", "sum4"))
+    assert parse_name("expected_attention_adaptive") == Parts("adaptive", "expected_attention", "token", "topk", ())
+    assert parse_name("keydiff_sum16_tau0.5") == Parts("kvpress", "keydiff", "token", "topk", ("sum16", "tau0.5"))
+    assert parse_name("topk_tova_span8_nowiden") == Parts("topk", "tova", "span8", "topk", ("nowiden",))
+
+
+@pytest.mark.parametrize("name, wrong", [
+    ("prob_nope", "no proposal"),
+    ("prob_tova_blok8", r"unknown part\(s\) \['blok8'\]"),
+    ("hybrid_keydiff_block8", "a<percent>"),
+    ("adakv_expected_attention", "already runs under AdaKV"),
+    ("prob_tova_poisson", "is the default"),
+    ("prob_tova_block8_priority_head", "repeats the default"),
+    ("prob_tova_threshold_strata", "applies to the poisson design"),
+    ("prob_tova_nocorr_s4", "out of order"),
+    ("prob_tova_span8", "span units take the priority design"),
+    ("prob_tova_span8_priority", "biased weights"),
+    ("prob_min_h_rank", "calibrate one kvpress scorer"),
+    ("h2o_adaptive", "no scorer"),
+    ("keydiff_block8", "keeps tokens"),
+    ("adakv_tova_sum4", "not AdaKV"),
+])
+def test_a_wrong_part_is_refused_with_the_valid_parts(name, wrong):
+    with pytest.raises(ValueError, match=wrong) as error:
+        get_press(name, 0.5)
+    assert "Valid parts: kinds" in str(error.value) and "block<k>" in str(error.value)
+
+
+def test_an_unregistered_valid_name_builds_what_it_says():
+    assert "prob_lagkv_block8_priority" not in PRESSES
+    press = get_press("prob_lagkv_block8_priority", 0.3, seed=2)
+    assert isinstance(press, SamplingPress) and press.budget == "head" and press.seed == 2
+    assert type(press.proposal.scorer).__name__ == "LagKVPress"
+    assert isinstance(press.sampler, BlockSampler) and press.sampler.size == 8
+    assert isinstance(press.sampler.inner, PrioritySampler) and press.compression_ratio == 0.3
+    assert is_sampling("prob_lagkv_block8_priority") and not is_sampling("topk_lagkv_block16")
+    assert build(parse_name("topk_lagkv_block16"), 0.5).sampler.size == 16
+
+
+def slug(heading: str) -> str:
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_entry_has_an_origin_a_status_and_a_finding_in_the_docs():
+    statuses = {"recommended", "measured", "rejected", "unmeasured"}
+    for entry in CATALOGUE.values():
+        assert entry.origin in ("kvpress", "paper", "ours") and entry.status in statuses, entry
+        assert entry.finding and entry.family in FAMILIES, entry
+    assert set(STATUS) <= set(CATALOGUE), sorted(set(STATUS) - set(CATALOGUE))
+    assert CATALOGUE[RECOMMENDED].status == "recommended"
+    assert {e.origin for e in CATALOGUE.values() if e.name == "snapkv" or e.name.startswith("adakv_")} == {"kvpress"}
+    assert CATALOGUE["prob_min_h"].origin == "paper" and CATALOGUE["prob_min_h_ht"].origin == "ours"
+    for family in FAMILIES.values():  # each family's finding points at a docs section that exists
+        path, _, anchor = family.docs.partition("#")
+        text = (ROOT / path).read_text()
+        anchors = {slug(h) for h in re.findall(r"^#+ (.+)$", text, re.M)}
+        assert not anchor or anchor in anchors, (family.name, family.docs)
+
+
+def test_a_field_added_since_the_snapshot_is_ignored_only_when_named(monkeypatch):
+    old = {"class": "P", "fields": {"a": "1", "inner": {"class": "S", "fields": {"b": "2"}}}}
+    new = {"class": "P", "fields": {"a": "1", "prefill": "'x'", "inner": {"class": "S", "fields": {"b": "2", "c": "3"}}}}
+    assert without_new_fields(new, old) != old
+    monkeypatch.setitem(NEW_FIELDS, "prefill", "test")
+    monkeypatch.setitem(NEW_FIELDS, "c", "test")
+    assert without_new_fields(new, old) == old
+    new["fields"]["a"] = "2"  # a changed field still counts
+    assert without_new_fields(new, old) != old
+
+
+def test_every_rejected_name_keeps_its_row_and_reason_in_the_docs():
+    text = (ROOT / "docs" / "presses.md").read_text().split("## Rejected designs", 1)[1]
+    for entry in CATALOGUE.values():
+        if entry.status == "rejected":
+            assert f"| `{entry.name}` | {entry.family} | {entry.finding} |" in text, entry.name
+    for name in REMOVED:
+        assert f"| `{name}` |" in text, name
