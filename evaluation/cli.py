@@ -229,7 +229,7 @@ def demo_prose(args) -> None:
     out = Path(args.out) / "prose"
     _clear_results(out)
     prose.cmd_run(argparse.Namespace(
-        model=args.model, **PROSE_DEMO, scored_tokens=prose.SCORED_TOKENS, max_per_essay=None, out=out,
+        model=args.model, **PROSE_DEMO, scored_tokens=prose.SCORED_TOKENS, out=out,
         threads=0, no_report=True), _load, _model_name)
     reference = _reference(args.prose_reference, args.no_reference)
     if reference:

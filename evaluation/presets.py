@@ -5,15 +5,15 @@ The demo's presses are ``DEMO_PRESSES``: change them there, nowhere else.
 
 from __future__ import annotations
 
-from kvpress_prob.registry import RECOMMENDED
+from kvpress_prob.registry import RECOMMENDED, RECOMMENDED_RETRIEVAL
 
 PAPER_METHODS = ["streaming_llm", "snapkv", "tova", "h2o", "knorm", "prob_min", "prob_min_h", "prob_h2o", "prob_h2o_h"]
 PAPER_RATIOS = [0.1, 0.25, 0.5, 0.75, 0.9]
 
 # make demo = the cpu-quick preset: these presses at these ratios, one example per offline RULER task:
-# the recommended probabilistic press next to the best top-k presses of the development split
+# the press recommended for retrieval next to the best top-k presses of RULER's development split
 # (kvpress's KeyDiff, and top-k over blocks of KeyDiff's scores, the recommended press's deterministic twin).
-DEMO_PRESSES = ["keydiff", "topk_keydiff_block8", RECOMMENDED]
+DEMO_PRESSES = ["keydiff", "topk_keydiff_block8", RECOMMENDED_RETRIEVAL]
 DEMO_RATIOS = [0.5, 0.75]
 
 PRESETS = {
@@ -25,11 +25,11 @@ PRESETS = {
                       ratios=DEMO_RATIOS, seeds=[0, 1, 2]),
 }
 
-# make demo's prose part (``kvprob prose run``): the first window of 4 development essays, prefill n = 1024,
-# the next 256 tokens teacher-forced; the best kvpress top-k presses of the prose development split so far
-# (h2o, snapkv: lowest mean KL on its first windows) next to RECOMMENDED and pi_min-h.
-PROSE_DEMO = dict(split="dev", context=1024, max_windows=4, presses=["h2o", "snapkv", RECOMMENDED, "prob_min_h"],
-                  ratios=[0.5, 0.75], seeds=[0, 1, 2])
+# make demo's prose part (``kvprob prose run``): the first window of 2 development essays, prefill n = 1024,
+# the next 256 tokens teacher-forced; the best kvpress top-k press of the prose development split (h2o) next to
+# the two recommendations (retrieval, and prose = RECOMMENDED).
+PROSE_DEMO = dict(split="dev", context=1024, max_windows=2, max_per_essay=1,
+                  presses=["h2o", RECOMMENDED_RETRIEVAL, RECOMMENDED], ratios=[0.5, 0.75], seeds=[0, 1, 2])
 
 # Where each preset writes by default, and the committed runs ``make demo`` compares itself with.
 DEMO_OUT = "results/demo"

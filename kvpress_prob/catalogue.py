@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from kvpress_prob.grid import Parts, grid, press_name
+from kvpress_prob.named import DECODING_NAMES, ENTROPY_HYBRIDS
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,13 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("ours", "calibrated", "prob_<scorer>_block8_priority_<rank|ent>", "ours", "measured",
            "a rank map makes sampling over KeyDiff work (dev mean 39.8 vs 18.3)",
            "docs/findings.md#5-calibrated-proposals-span-aware-units-and-an-attention-measure-that-predicts-answers"),
+    Family("ours", "entropy hybrids", "<prob|hybrid>_<proposal>[_block8]_ent_alpha[_nocorr]", "ours", "measured",
+           "alpha_h from each head's proposal entropy: ties prob_min_h_priority on prose dev, far below the hybrids on "
+           "RULER dev (-18.8 points at r = 0.5); no prefill entropy sees the question", "docs/entropy-hybrid.md"),
+    Family("ours", "decoding", "<decode|prob_decode>_<proposal>_<design>[_nocorr]",
+           "kvpress DecodingPress; VaSE (arXiv 2606.03928) for value protection", "measured",
+           "compounded HT weights while decoding; long generation on 3 dev essays: 0.63x kvpress TOVA's NLL increase",
+           "docs/decoding.md"),
     Family("ours", "spans", "topk_<proposal>_span<k>[_nowiden]", "ours", "rejected",
            "span-aware units change no answer against blocks of 8 (0.0 on 9 test examples)",
            "docs/findings.md#5-calibrated-proposals-span-aware-units-and-an-attention-measure-that-predicts-answers"),
@@ -131,8 +139,11 @@ REGISTERED: list[Parts] = [
 
 #: Presses outside the grammar: name -> (factory of the compression ratio, or None for a press built
 #: elsewhere and only listed here, e.g. a decoding press built by ``get_decoding_press(name, target_size,
-#: compression_interval)``; origin; family). Empty today.
-NAMED: dict[str, tuple[Callable | None, str, str]] = {}
+#: compression_interval)``; origin; family).
+NAMED: dict[str, tuple[Callable | None, str, str]] = {
+    **{name: (make, "ours", "entropy hybrids") for name, make in ENTROPY_HYBRIDS.items()},
+    **{name: (None, "ours", "decoding") for name in DECODING_NAMES},
+}
 
 _UNMEASURED = "registered, never decoded (its sweep was stopped for compute)"
 _EARLY = "rejected early: 1-2 development examples (results/dev/compare.md)"
@@ -163,8 +174,12 @@ STATUS: dict[str, tuple[str, str]] = {
     "expected_attention_adaptive": ("rejected", "AdaKV is far ahead at r = 0.75: -35.7 [-51.1, -20.2] "
                                     "(the allocation stays near uniform)"),
     "knorm_adaptive": ("measured", "+20.8 [+6.8, +34.8] over adakv_knorm at r = 0.25 (32 test examples)"),
-    "hybrid_keydiff_block8_a90": ("recommended", "RECOMMENDED (dev mean 47.0); test: within noise of the best "
-                                  "top-k at r = 0.25 / 0.5 / 0.9, -9.6 [-25.9, +6.6] at 0.75"),
+    "hybrid_keydiff_block8_a90": ("recommended", "RECOMMENDED_RETRIEVAL: first on RULER dev (win 0.809); 33rd of 40 "
+                                  "on prose dev (KL 2.82x h2o at r = 0.5, 7 windows); results/rule/dev-rule.md"),
+    "prob_min_h_priority": ("recommended", "RECOMMENDED = RECOMMENDED_PROSE: first on prose dev (win 0.938; KL 0.68x "
+                            "topk_min_h at r = 0.75, 7 windows); RULER dev win 0.405; results/rule/dev-rule.md"),
+    "hybrid_tova_block8_a50": ("measured", "RULER dev win 0.567, prose dev 0.527 (results/rule/dev-rule.md)"),
+    "hybrid_tova_block8_a90": ("measured", "RULER dev win 0.634, prose dev 0.256 (results/rule/dev-rule.md)"),
     "hybrid_keydiff_block8_a75": ("measured", "dev mean 42.3 (8 examples)"),
     "keydiff_sum4": ("measured", "+5.5 [-3.2, +14.2] over keydiff at r = 0.5, -2.3 [-5.6, +1.0] at 0.75 (29 test ex)"),
     "tova_sum4": ("measured", "every answer the same as tova's (29 test examples)"),
@@ -181,9 +196,9 @@ STATUS: dict[str, tuple[str, str]] = {
        for c in (4, 16) for t in (0.5, 0.1)},
     **{name: ("unmeasured", _UNMEASURED) for name in (
         "topk_keydiff_span8_nowiden", "topk_tova_span8_nowiden", "prob_keydiff", "prob_lagkv", "prob_min_shared",
-        "prob_min_h_w64", "prob_tova_threshold_s4_head", "prob_knorm_priority", "prob_min_h_priority",
+        "prob_min_h_w64", "prob_tova_threshold_s4_head", "prob_knorm_priority",
         "prob_keydiff_threshold", "prob_expected_attention_threshold", "prob_expected_attention_block8",
-        "prob_keydiff_block8", "hybrid_tova_block8_a50", "hybrid_tova_block8_a90",
+        "prob_keydiff_block8",
         "hybrid_expected_attention_block8_a50", "hybrid_expected_attention_block8_a90",
         "hybrid_keydiff_block8_a75_threshold", "tova_sum1", "tova_sum64", "knorm_sum1", "knorm_sum16",
         "knorm_sum64", "tova_sum4_tau0.5", "tova_sum4_tau0.1", "tova_sum16_tau0.5", "tova_sum16_tau0.1",

@@ -6,6 +6,7 @@ import copy
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 from kvpress import DecodingPress, KeyDiffPress, KnormPress, StreamingLLMPress, TOVAPress
@@ -82,6 +83,8 @@ class SamplingDecodingPress(DecodingPress):
     seed : int, default 0
         Round r of layer l draws from a generator seeded with (seed, l, r): same seed, same kept sets.
     """
+    #: read by ``kvpress_prob.wrappers``: this decoding press keeps the correction bias with its keys
+    keeps_correction: ClassVar[bool] = True
 
     base_press: ScorerPress | None = None
     compression_interval: int = 32

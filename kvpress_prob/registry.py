@@ -75,11 +75,14 @@ HYBRIDS = {name: f for name, f in _where(kind="hybrid").items() if CATALOGUE[nam
 SUMMARIES = {name: PRESSES[name] for name, entry in CATALOGUE.items() if entry.family == "summaries"}
 
 
-#: The probabilistic press we recommend, chosen on the development split only (RULER data seed 0, 1024
-#: tokens, 8 examples) by the rule in ``results/dev/recommended.md``, fixed before the new designs' test
-#: runs: the sampling press with the highest mean score over r = 0.25, 0.5, 0.75, 0.9 (3 seeds). Until
-#: then it was ``prob_tova_block8_priority`` (chosen over r = 0.1 ... 0.75 on the same split).
-RECOMMENDED = "hybrid_keydiff_block8_a90"
+#: The recommendations, chosen on the two development splits (RULER and prose) by the rule of
+#: docs/recommendation-rule.md, written before any prose result was read (results/rule/dev-rule.md):
+#: the sampling press with the best mean of its two win scores, and the best in each regime. No single
+#: press leads both: RECOMMENDED is first on prose and below average on RULER. Until 2026-12-01 (RULER
+#: only, results/dev/recommended.md) RECOMMENDED was ``hybrid_keydiff_block8_a90``.
+RECOMMENDED = "prob_min_h_priority"
+RECOMMENDED_PROSE = "prob_min_h_priority"
+RECOMMENDED_RETRIEVAL = "hybrid_keydiff_block8_a90"
 
 
 def factory(name: str) -> Callable[[float], BasePress]:
@@ -138,27 +141,3 @@ def is_sampling(name: str, **overrides) -> bool:
     """Whether the named press (with these ``get_press`` overrides) samples: its result depends on the seed."""
     press = get_press(name, 0.5, **overrides)
     return isinstance(press, SamplingPress) and press.sampler.random
-
-
-# --- Entropy-set stratified hybrids (issue 20, item 4; docs/entropy-hybrid.md). One block, to be moved by the lead.
-# Each head's exact fraction alpha_h follows the entropy of its own proposal (``entropy_alpha``): its sure units
-# and a share of the rest that grows as the rest's entropy falls towards log k are kept exactly (top-k), the rest
-# is sampled with correction (all of it for a flat rest).
-# pi_min-h under the global budget of prob_min_h, positions or blocks of 8; KeyDiff (its order, softmax-calibrated
-# to the window attention's entropy, as prob_keydiff_block8_priority_ent) and TOVA over blocks of 8 with the
-# per-head budget of RECOMMENDED. The rest is priority-sampled (exactly k_h per head). Each has a ``_nocorr`` twin.
-from kvpress_prob.samplers.entropy_stratified import EntropyStratifiedSampler  # noqa: E402
-
-
-def _ent_alpha_blocks() -> BlockSampler:
-    return BlockSampler(size=8, inner=EntropyStratifiedSampler())
-
-
-ENTROPY_HYBRIDS: dict[str, Callable[[float], SamplingPress]] = {
-    "prob_min_h_ent_alpha": _sampling(lambda: MinVarianceProposal(harmonic=True), EntropyStratifiedSampler),
-    "prob_min_h_block8_ent_alpha": _sampling(lambda: MinVarianceProposal(harmonic=True), _ent_alpha_blocks),
-    "hybrid_keydiff_block8_ent_alpha": _sampling(_calibrated(KeyDiffPress, "entropy"), _ent_alpha_blocks, budget="head"),
-    "hybrid_tova_block8_ent_alpha": _sampling(_tova, _ent_alpha_blocks, budget="head"),
-}
-PRESSES.update(ENTROPY_HYBRIDS)
-PRESSES.update({f"{name}_nocorr": _uncorrected(factory) for name, factory in ENTROPY_HYBRIDS.items()})

@@ -125,10 +125,9 @@ def refusal(kind: type, fields: dict, press) -> str | None:
             f"ComposedPress([<other presses>, <the SamplingPress>])"
         )
     if issubclass(kind, PrefillDecodingPress):
-        from kvpress_prob.decoding import SamplingDecodingPress  # it imports this module's users
 
         decoding = fields.get("decoding_press")
-        if holds(fields.get("prefilling_press"), press) and (decoding is None or isinstance(decoding, SamplingDecodingPress)):
+        if holds(fields.get("prefilling_press"), press) and (decoding is None or getattr(decoding, "keeps_correction", False)):
             return None
         return (
             f"{name} may hold a SamplingPress only as its prefilling_press, with decoding_press=None or a "
