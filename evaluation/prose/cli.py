@@ -76,11 +76,13 @@ def cmd_run(args, load, model_name) -> Path:
     from evaluation.prose.measure import order, run
     from evaluation.runner import configurations
     from evaluation.store import ResultStore
-    from kvpress_prob.registry import PRESSES
+    from kvpress_prob.registry import factory
 
-    unknown = [p for p in args.presses if p not in PRESSES]
-    if unknown:
-        sys.exit(f"unknown press(es) {unknown}; valid: {', '.join(sorted(PRESSES))}")
+    for name in args.presses:  # a registered name or any valid grid name; the error lists the valid parts
+        try:
+            factory(name)
+        except (KeyError, ValueError) as error:
+            sys.exit(f"unknown press {name!r}: {error}")
     out = Path(args.out)
     settings = dict(model=model_name(args.model), dataset=DATASET, data_seed=None, context_length=args.context,
                     query_aware=False, split=args.split, scored_tokens=args.scored_tokens)

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The prose development sweep at n = 1024, from this frozen worktree (results/prose/dev-1024).
 set -u
-cd /work/run-prose-dev
-export PYTHONPATH=/work/run-prose-dev OMP_NUM_THREADS=1
-PY=/work/main/.venv/bin/python
+cd "$(dirname "$0")/../.."
+export OMP_NUM_THREADS=1
+PY=${PY:-.venv/bin/python}
 PRESSES="streaming_llm snapkv tova h2o knorm keydiff expected_attention adakv_snapkv snapkv_adaptive tova_adaptive
  prob_min_h prob_min prob_snapkv prob_tova prob_h2o prob_h2o_h prob_knorm prob_streaming_llm
  prob_min_h_nocorr prob_min_nocorr prob_snapkv_nocorr prob_tova_nocorr prob_h2o_nocorr prob_h2o_h_nocorr prob_knorm_nocorr prob_streaming_llm_nocorr
