@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 from conftest import random_ids, tiny_model
+from test_press import greedy
 from kvpress import KVPressTextGenerationPipeline
 from scipy.optimize import brentq
 from transformers import DynamicCache
@@ -29,15 +30,6 @@ def prefill(model, press, ids):
         model.model(input_ids=ids, past_key_values=cache)
     return cache
 
-
-def greedy(model, cache, start, n_tokens=6):
-    token, out = random_ids(1, seed=9), []
-    with torch.no_grad():
-        for i in range(n_tokens):
-            logits = model(input_ids=token, past_key_values=cache, position_ids=torch.tensor([[start + i]])).logits
-            token = logits[:, -1:].argmax(-1)
-            out.append(int(token))
-    return out
 
 
 def proposals(model, press, ids) -> dict:
