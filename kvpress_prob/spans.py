@@ -69,9 +69,9 @@ def pack_units(starts: list[bool], size: int) -> torch.Tensor:
     return torch.tensor(unit_of, dtype=torch.long)
 
 
-def greedy_fill(order: list[int], starts: list[int], ends: list[int], budget: int, widen: int
+def greedy_fill(order: list[int], starts: list[int], ends: list[int], capacity: int, widen: int
                 ) -> tuple[list[int], int, bytearray]:
-    """Units taken in ``order`` while the union of their widened spans fits in ``budget`` tokens.
+    """Units taken in ``order`` while the union of their widened spans fits in ``capacity`` tokens.
 
     Unit u covers [starts[u], ends[u]) and, widened, ``widen`` more tokens each side. Returns (the
     units taken, the index in ``order`` of the first unit that did not fit, len(order) if none, and
@@ -82,7 +82,7 @@ def greedy_fill(order: list[int], starts: list[int], ends: list[int], budget: in
     for position, u in enumerate(order):
         lo, hi = max(0, starts[u] - widen), min(n, ends[u] + widen)
         new = hi - lo - sum(covered[lo:hi])
-        if used + new > budget:
+        if used + new > capacity:
             return taken, position, covered
         covered[lo:hi] = b"\x01" * (hi - lo)
         used += new
@@ -151,11 +151,11 @@ class SpanSampler(Sampler):
         starts, ends = bounds[:-1], bounds[1:]
         unit_pi = torch.zeros(L, b, H, count, dtype=torch.float64, device=pi.device).index_add_(
             -1, units, pi.double())  # (L, b, H, U)
-        budget = int((1.0 - compression_ratio) * n)
+        capacity = int((1.0 - compression_ratio) * n)  # tokens per head
         longest = max(e - s for s, e in zip(starts, ends))
-        if self.inner == "priority" and longest > budget:
+        if self.inner == "priority" and longest > capacity:
             raise ValueError(
-                f"SpanSampler(inner='priority'): a unit of {longest} tokens exceeds the head's budget of {budget} "
+                f"SpanSampler(inner='priority'): a unit of {longest} tokens exceeds the head's capacity of {capacity} "
                 f"tokens (compression_ratio {compression_ratio}, n = {n}); it could never be kept, and no weight "
                 f"makes that unbiased: use a smaller unit size or a lower compression_ratio")
         if self.inner == "priority":
@@ -169,7 +169,7 @@ class SpanSampler(Sampler):
         threshold = torch.zeros(L, b, H, 1, dtype=torch.float64)
         for index in torch.cartesian_prod(torch.arange(L), torch.arange(b), torch.arange(H)).tolist():
             ranked = order[tuple(index)].tolist()
-            _, stop, covered = greedy_fill(ranked, starts, ends, budget, self.widen)
+            _, stop, covered = greedy_fill(ranked, starts, ends, capacity, self.widen)
             keep[tuple(index)] = torch.frombuffer(covered, dtype=torch.uint8).bool()
             if stop < count:
                 threshold[tuple(index)] = key_cpu[tuple(index)][ranked[stop]]
@@ -181,7 +181,7 @@ class SpanSampler(Sampler):
             log_weight = torch.where(keep, unit_log_weight[..., units], float("-inf"))
         kept = keep.sum(-1)
         return Draw(keep=keep, log_weight=log_weight.float(),
-                    stats={"units": count, "kept_per_head": kept[:, 0].tolist(), "budget_per_head": budget})
+                    stats={"units": count, "kept_per_head": kept[:, 0].tolist(), "capacity_per_head": capacity})
 
 
 @dataclass

@@ -28,11 +28,11 @@ def test_a_word_longer_than_size_is_cut():
     assert pack_units([True, False, False, False, False, True], size=2).tolist() == [0, 0, 1, 1, 2, 2]
 
 
-def slow_fill(order, starts, ends, budget, widen):
+def slow_fill(order, starts, ends, capacity, widen):
     covered = set()
     for position, u in enumerate(order):
         span = set(range(max(0, starts[u] - widen), min(ends[-1], ends[u] + widen)))
-        if len(covered | span) > budget:
+        if len(covered | span) > capacity:
             return position, covered
         covered |= span
     return len(order), covered
@@ -48,11 +48,11 @@ def test_greedy_fill_matches_a_slow_reference_and_keeps_what_it_charges():
     for trial in range(30):
         starts, ends = random_units(torch.randint(1, 9, (15,), generator=g).tolist())
         order = torch.randperm(15, generator=g).tolist()
-        budget = int(torch.randint(0, ends[-1], (1,), generator=g))
+        capacity = int(torch.randint(0, ends[-1], (1,), generator=g))
         widen = trial % 3
-        taken, stop, covered = greedy_fill(order, starts, ends, budget, widen)
-        ref_stop, ref_covered = slow_fill(order, starts, ends, budget, widen)
-        assert stop == ref_stop and taken == order[:stop] and len(ref_covered) <= budget
+        taken, stop, covered = greedy_fill(order, starts, ends, capacity, widen)
+        ref_stop, ref_covered = slow_fill(order, starts, ends, capacity, widen)
+        assert stop == ref_stop and taken == order[:stop] and len(ref_covered) <= capacity
         assert {i for i, c in enumerate(covered) if c} == ref_covered
 
 
@@ -111,7 +111,7 @@ def test_priority_with_widening_or_a_unit_beyond_the_budget_is_refused():
         SpanSampler(inner="priority", widen=1)
     units = torch.repeat_interleave(torch.arange(3), torch.tensor([2, 5, 3]))
     pi = torch.full((1, 1, 1, 10), 0.1, dtype=torch.float64)
-    with pytest.raises(ValueError, match="a unit of 5 tokens exceeds the head's budget of 4"):
+    with pytest.raises(ValueError, match="a unit of 5 tokens exceeds the head's capacity of 4"):
         draw(pi, units, "priority", 0, 0.6, 0)
 
 
