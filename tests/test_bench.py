@@ -111,10 +111,9 @@ def test_adaptive_top_k_frees_what_adakv_only_masks():
     assert [len(mask[0]) for mask in masks] == [kv_heads * n // 2] * layers  # masked, not freed
     speed.set_masks(model, [None] * layers)
     cache, press, _, _ = speed.prefill(model, ids, "snapkv_adaptive", 0.5)
-    kept = press.last_draw.keep[:, 0].sum(-1)  # (L, H): the counts differ between heads
-    # AdaKV's per-layer budget, less the rounding down of each head's count (at most one entry per head)
-    assert all(kv_heads * n // 2 - kv_heads < int(kept[l].sum()) <= kv_heads * n // 2 for l in range(layers))
-    assert bool((kept[:, 0] != kept[:, 1]).any())
+    kept = press.last_draw.keep[:, 0].sum(-1)  # (L, H); on this tiny model the heads' allocations are within
+    # one entry of each other, so the whole counts (largest remainder) spend each layer's budget exactly
+    assert all(int(kept[l].sum()) == kv_heads * n // 2 for l in range(layers))
     assert speed.cache_bytes(cache) == sum(2 * kv_heads * int(kept[l].max()) * head_dim * fp32 for l in range(layers))
     assert speed.cache_bytes(cache) < full
     speed.clear_biases(model)

@@ -111,7 +111,7 @@ def test_get_press_routes_overrides_to_press_sampler_and_proposal():
 
 
 def test_unknown_press_lists_valid_names():
-    with pytest.raises(ValueError, match="valid names: .*prob_min_h"):
+    with pytest.raises(ValueError, match="Valid parts: .*min_h"):
         get_press("prob_magic", 0.5)
     with pytest.raises(ValueError, match="compression_ratio"):
         get_press("snapkv", 1.2)

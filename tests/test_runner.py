@@ -136,7 +136,7 @@ def test_configurations_run_deterministic_presses_once():
     configs = configurations(["snapkv", "prob_min"], [0.25, 0.5], [0, 1, 2])
     assert configs[0] == Config("full", 0.0, 0)
     assert sum(c.press == "snapkv" for c in configs) == 2 and sum(c.press == "prob_min" for c in configs) == 6
-    with pytest.raises(ValueError, match="valid names"):
+    with pytest.raises(ValueError, match="Valid parts"):
         configurations(["nope"], [0.5], [0])
 
 
@@ -159,7 +159,7 @@ def test_run_resumes_and_shards(tmp_path, tokenizer):
 
 
 def test_cli_fails_fast_on_unknown_names(capsys):
-    with pytest.raises(SystemExit, match="valid: .*prob_min_h"):
+    with pytest.raises(SystemExit, match="Valid parts: .*min_h"):
         cli_main(["run", "--presses", "prob_magic", "--out", "unused"])
     with pytest.raises(SystemExit):
         cli_main(["reproduce", "--preset", "nope"])
