@@ -416,8 +416,10 @@ def parser() -> argparse.ArgumentParser:
     add_parsers(add, _positive_int)
 
     sub.add_parser("bench", help="measurements: kvprob bench {speed,budget,oracle,fidelity} --help", add_help=False)
-    sub.add_parser("gpu-check", help="the GPU path in one command (--dry-run: on the CPU): kvprob gpu-check --help",
-                   add_help=False)
+    from evaluation.gpu_check.run import parser as gpu_check_parser
+
+    add("gpu-check", "the GPU path in one command, offline (--dry-run: the same steps on the CPU)",
+        parents=[gpu_check_parser(add_help=False)])
     return p
 
 

@@ -35,8 +35,8 @@ MAX_LENGTH = {"prob_min_h": 32768, "h2o": 32768}
 TARGETS = {"decode corrected (fused) / plain, same kept set": 1.10, "prefill peak - snapkv's, in K+V": 0.10}
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvprob gpu-check", description=__doc__.split("\n")[0])
+def parser(add_help: bool = True) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvprob gpu-check", description=__doc__.split("\n")[0], add_help=add_help)
     p.add_argument("--dry-run", action="store_true", help="on the CPU, shrunk models, lengths 128 256")
     p.add_argument("--out", default="results/gpu", help="writes <out>/<device>/gpu-check.{json,md}")
     p.add_argument("--models", nargs="+", default=["llama-3.2-3b", "qwen3-4b"])
