@@ -236,22 +236,16 @@ def attention_mass(
     h = h.to(device=keys.device, dtype=torch.float32)
     ends = (rows + 1).tolist()
     with precision.fast_matmul(keys.device):  # TF32 on CUDA (kvpress_prob.precision: its tolerance, tested)
-        _mass_chunks(queries, rows, k, h, scaling, chunk_size, ends, positions, mass)
+        for lo in range(0, s, chunk_size):
+            hi = min(s, lo + chunk_size)
+            top = ends[hi - 1]  # rows lo..hi-1 see keys 0..top-1 at most (causal)
+            q = queries[:, :, lo:hi].float().reshape(b, hkv, g * (hi - lo), d)  # query heads of a group stacked
+            e = torch.matmul(q, k[..., :top]).mul_(scaling).view(b, hkv, g, hi - lo, top)  # (b, H_kv, g, c, top)
+            e.masked_fill_(positions[None, :top] > rows[lo:hi, None], float("-inf"))
+            e.sub_(e.amax(dim=-1, keepdim=True)).exp_()  # softmax numerators, in place
+            w = h[lo:hi] / e.sum(dim=-1)  # (b, H_kv, g, c): h_r / softmax denominator
+            mass[..., :top] += torch.matmul(w[..., None, :], e)  # (b, H_kv, g, 1, top)
     return mass.view(b, hq, n)
-
-
-def _mass_chunks(queries, rows, k, h, scaling, chunk_size, ends, positions, mass) -> None:
-    b, hq, s, d = queries.shape
-    hkv, g = k.shape[1], mass.shape[2]
-    for lo in range(0, s, chunk_size):
-        hi = min(s, lo + chunk_size)
-        top = ends[hi - 1]  # rows lo..hi-1 see keys 0..top-1 at most (causal)
-        q = queries[:, :, lo:hi].float().reshape(b, hkv, g * (hi - lo), d)  # query heads of a group stacked
-        e = torch.matmul(q, k[..., :top]).mul_(scaling).view(b, hkv, g, hi - lo, top)  # (b, H_kv, g, c, top)
-        e.masked_fill_(positions[None, :top] > rows[lo:hi, None], float("-inf"))
-        e.sub_(e.amax(dim=-1, keepdim=True)).exp_()  # softmax numerators, in place
-        w = h[lo:hi] / e.sum(dim=-1)  # (b, H_kv, g, c): h_r / softmax denominator
-        mass[..., :top] += torch.matmul(w[..., None, :], e)  # (b, H_kv, g, 1, top)
 
 
 def chunk_rows(keys: torch.Tensor, n_query_heads: int, n_layers: int, fraction: float | None = None) -> int:
