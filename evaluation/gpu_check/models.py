@@ -43,7 +43,7 @@ def build(name: str, device, dtype=torch.bfloat16, dry_run: bool = False, max_le
     cfg._attn_implementation = attn_implementation
     torch.manual_seed(0)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     return model.eval()
 
 
