@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from kvpress_prob import correction
 from kvpress_prob.samplers import Sampler
 from kvpress_prob.samplers.priority import PrioritySampler, priority_draw
 
@@ -32,14 +33,20 @@ LOWEST = torch.finfo(torch.float32).min  # bias of padding: exp(LOWEST - max) = 
 
 
 def extended_bias(stored: torch.Tensor | None, shape: tuple[int, int, int], device) -> torch.Tensor:
-    """The bias (b, H_kv, n) float32 of all n entries: ``stored`` (b, H_kv, S) on the first S, 0 after."""
+    """The bias (b, H_kv, n) float32 of all n entries: ``stored`` (b, H_kv, S) on the first S, 0 after.
+
+    Padding is recognised in the stored bias's own dtype (``correction.is_padding``: its lowest finite
+    value, -65504 in float16) and becomes LOWEST here; a plain cast would leave float16 padding at
+    -65504, which ``is_real`` would read as an entry."""
     b, h, n = shape
     bias = torch.zeros(b, h, n, dtype=torch.float32, device=device)
     if stored is not None:
         s = stored.shape[-1]
         if s > n:
             raise RuntimeError(f"the stored bias covers {s} entries but the layer holds only {n}")
-        bias[..., :s] = stored.to(device=device, dtype=torch.float32).clamp_min(LOWEST)
+        stored = stored.to(device=device)
+        bias[..., :s] = torch.where(correction.is_padding(stored), LOWEST,
+                                    stored.to(torch.float32).clamp_min(LOWEST))
     return bias
 
 
