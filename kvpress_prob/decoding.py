@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -27,6 +28,18 @@ logger = logging.getLogger(__name__)
 
 #: proposals while decoding: a kvpress scorer's scores, or the buffered queries' attention
 PROPOSALS = ("scorer", "attention", "h2o", "min_variance")
+
+
+@dataclass
+class _CacheState:
+    """What a ``SamplingDecodingPress`` keeps of one cache, per layer, between its forwards: two caches
+    decoded in any interleaving inside one ``with press(model)`` never see each other's (issue 25)."""
+
+    hidden_states_buffer: defaultdict = field(default_factory=lambda: defaultdict(list))  # hidden states (b, c, D)
+    layer_step_counts: defaultdict = field(default_factory=lambda: defaultdict(int))  # steps since the last round
+    queries: defaultdict = field(default_factory=lambda: defaultdict(list))  # RoPE'd queries (b, H_q, c, d)
+    accumulated: dict = field(default_factory=dict)  # accumulated attention (b, H_kv, S) of the stored entries ("h2o")
+    rounds: defaultdict = field(default_factory=lambda: defaultdict(int))  # rounds so far (seeds the generator)
 
 
 @dataclass
@@ -131,11 +144,20 @@ class SamplingDecodingPress(DecodingPress):
 
     def reset(self):
         """Drop every buffer and count (kvpress calls it when the press's context exits)."""
-        self.hidden_states_buffer = defaultdict(list)  # layer -> hidden states (b, c, D) of recent steps
-        self.layer_step_counts = defaultdict(int)  # layer -> steps since its last round
-        self._queries = defaultdict(list)  # layer -> RoPE'd queries (b, H_q, c, d) of recent steps
-        self._accumulated = {}  # layer -> accumulated attention (b, H_kv, S) of its stored entries ("h2o")
-        self._rounds = defaultdict(int)  # layer -> rounds so far (seeds its generator)
+        self._caches = weakref.WeakKeyDictionary()  # cache -> its _CacheState (freed with the cache)
+        self._bind(_CacheState())
+
+    def _bind(self, state: "_CacheState") -> None:
+        """Point the per-layer state kvpress's ``DecodingPress`` and this press read at one cache's."""
+        self.hidden_states_buffer = state.hidden_states_buffer
+        self.layer_step_counts = state.layer_step_counts
+        self._queries, self._accumulated, self._rounds = state.queries, state.accumulated, state.rounds
+
+    def _state_of(self, cache) -> "_CacheState":
+        state = self._caches.get(cache)
+        if state is None:
+            state = self._caches[cache] = _CacheState()
+        return state
 
     def post_init_from_model(self, model):
         if self.base_press is not None:
@@ -155,6 +177,7 @@ class SamplingDecodingPress(DecodingPress):
         if hidden_states.shape[0] != 1 and self.sampler.random:
             raise ValueError(f"SamplingDecodingPress samples with batch size 1, got {hidden_states.shape[0]}")
         layer = module.layer_idx
+        self._bind(self._state_of(kwargs["past_key_values"]))  # every buffer, count and sum is this cache's
         if self.proposal != "scorer":
             self._queries[layer].append(rope_queries(module, hidden_states, kwargs["position_embeddings"]))
         output = super().forward_hook(module, input, kwargs, output)
