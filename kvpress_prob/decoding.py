@@ -91,6 +91,13 @@ class SamplingDecodingPress(DecodingPress):
         exactly, VaSE's protection of large values; >= 0.
     correct : bool, default True
         Compound the Horvitz-Thompson weights into the correction bias.
+    temperature : float, default 1.0
+        Each round adds log(1/q) / ``temperature`` to a kept entry's bias, > 0. Compounding is
+        defined stage by stage (docs/decoding.md, "Compounding under a temperature"): a round
+        multiplies the weight an entry already carries, whatever its origin (a prefill press's
+        log w / T_prefill, 0 after an uncorrected prefill), by (1/q)^(1/temperature). At 1 a round
+        is unbiased for the cache it cuts; 1 / (q_prefill q1 ...) holds when every stage has T = 1,
+        and temperature = T_prefill gives the one tempered product (1 / (q_prefill q1 ...))^(1/T).
     floor : float, default 0.01
         Uniform mass mixed into the proposal over the drawn candidates, in [0, 1).
     seed : int, default 0
@@ -109,6 +116,7 @@ class SamplingDecodingPress(DecodingPress):
     window: int = 32
     protect_values: int = 0
     correct: bool = True
+    temperature: float = 1.0
     floor: float = 0.01
     seed: int = 0
     stats: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -138,6 +146,8 @@ class SamplingDecodingPress(DecodingPress):
             raise ValueError(f"base_press is the scorer of proposal='scorer'; proposal={self.proposal!r} takes None")
         if not isinstance(self.sampler, Sampler):
             raise TypeError(f"sampler must be a kvpress_prob Sampler, got {type(self.sampler).__name__}")
+        if not self.temperature > 0 or self.temperature == float("inf"):  # also catches NaN
+            raise ValueError(f"temperature must be > 0 and finite (correct=False adds nothing), got {self.temperature}")
         if not 0.0 <= self.floor < 1.0:
             raise ValueError(f"floor must be in [0, 1), got {self.floor}")
         self.reset()
@@ -215,7 +225,7 @@ class SamplingDecodingPress(DecodingPress):
             (self.seed * 1_000_003 + layer) * 100_003 + self._rounds[layer])
         drawn, log_weight = rounds.draw(pi, candidates, k, self.sampler, generator)
         keep = fixed | drawn
-        log_weight = torch.where(fixed, 0.0, log_weight)
+        log_weight = torch.where(fixed, 0.0, log_weight / self.temperature)
         keys, values, new_bias, order = rounds.cut(keys, values, bias, keep, log_weight, self.correct)
         if layer in self._accumulated:
             self._accumulated[layer] = weights.float().gather(-1, order) * (new_bias > rounds.LOWEST / 2)
