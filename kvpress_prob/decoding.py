@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -98,8 +99,20 @@ class SamplingDecodingPress(DecodingPress):
         log w / T_prefill, 0 after an uncorrected prefill), by (1/q)^(1/temperature). At 1 a round
         is unbiased for the cache it cuts; 1 / (q_prefill q1 ...) holds when every stage has T = 1,
         and temperature = T_prefill gives the one tempered product (1 / (q_prefill q1 ...))^(1/T).
+    max_weight : float, default inf
+        Cap on a drawn entry's compounded weight e^bias (truncated importance weights), > 1.
+    renormalise : bool, default False
+        Scale the drawn entries' compounded weights, per head and round, to sum to the candidates'
+        weights before the round (``decode_round.controlled``).
+    harmonic : bool, default False
+        Weigh the buffered queries' attention rows by the harmonic prior h_j ~ 1 / (B - j) (the
+        attention proposals; "min_variance" with it is pi_min-h over the buffer).
     floor : float, default 0.01
-        Uniform mass mixed into the proposal over the drawn candidates, in [0, 1).
+        Uniform mass mixed into the proposal over the drawn candidates, in [0, 1) (a defensive
+        mixture: no candidate's inclusion probability falls below about floor k / m).
+    bias_dtype : {"float32", "keys"}, default "float32"
+        The dtype the compounded bias is stored in: float32, or the keys' dtype (2 bytes in
+        bfloat16 / float16: the equal-bytes accounting of ``evaluation.streaming.presses`` reads it).
     seed : int, default 0
         Round r of layer l draws from a generator seeded with (seed, l, r): same seed, same kept sets.
     """
@@ -117,7 +130,11 @@ class SamplingDecodingPress(DecodingPress):
     protect_values: int = 0
     correct: bool = True
     temperature: float = 1.0
+    max_weight: float = float("inf")
+    renormalise: bool = False
+    harmonic: bool = False
     floor: float = 0.01
+    bias_dtype: str = "float32"
     seed: int = 0
     stats: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -148,6 +165,12 @@ class SamplingDecodingPress(DecodingPress):
             raise TypeError(f"sampler must be a kvpress_prob Sampler, got {type(self.sampler).__name__}")
         if not self.temperature > 0 or self.temperature == float("inf"):  # also catches NaN
             raise ValueError(f"temperature must be > 0 and finite (correct=False adds nothing), got {self.temperature}")
+        if not self.max_weight > 1:
+            raise ValueError(f"max_weight must be > 1 (inf: no cap), got {self.max_weight}")
+        if self.bias_dtype not in ("float32", "keys"):
+            raise ValueError(f"bias_dtype must be 'float32' or 'keys', got {self.bias_dtype!r}")
+        if self.harmonic and self.proposal == "scorer":
+            raise ValueError("harmonic weighs the buffered queries of the attention proposals; proposal='scorer' has none")
         if not 0.0 <= self.floor < 1.0:
             raise ValueError(f"floor must be in [0, 1), got {self.floor}")
         self.reset()
@@ -225,10 +248,13 @@ class SamplingDecodingPress(DecodingPress):
             (self.seed * 1_000_003 + layer) * 100_003 + self._rounds[layer])
         drawn, log_weight = rounds.draw(pi, candidates, k, self.sampler, generator)
         keep = fixed | drawn
-        log_weight = torch.where(fixed, 0.0, log_weight / self.temperature)
+        log_weight = rounds.controlled(log_weight, bias, drawn, candidates, self.temperature,
+                                       math.log(self.max_weight), self.renormalise)
         keys, values, new_bias, order = rounds.cut(keys, values, bias, keep, log_weight, self.correct)
         if layer in self._accumulated:
             self._accumulated[layer] = weights.float().gather(-1, order) * (new_bias > rounds.LOWEST / 2)
+        if self.bias_dtype == "keys":  # padding stays padding (cut sets it to float32's lowest)
+            new_bias = correction.cast(new_bias, keys.dtype)
         if stored is not None or bool((new_bias != 0).any()):
             correction.set_bias(module, new_bias, cache)
         self._rounds[layer] += 1
@@ -254,7 +280,8 @@ class SamplingDecodingPress(DecodingPress):
             raise RuntimeError(f"layer {module.layer_idx}: no buffered queries for proposal={self.proposal!r}")
         queries = torch.cat(queries, dim=2)[:, :, -n:]  # (b, H_q, B, d)
         scaling = getattr(module, "scaling", d ** -0.5)
-        mass = rounds.buffered_attention(queries, keys, bias, scaling)  # (b, H_q, n)
+        rows = rounds.harmonic_rows(queries.shape[2], keys.device) if self.harmonic else None
+        mass = rounds.buffered_attention(queries, keys, bias, scaling, rows)  # (b, H_q, n)
         mass = mass.view(b, h, -1, n)  # (b, H_kv, g, n)
         if self.proposal == "min_variance":
             mass = mass * torch.linalg.vector_norm(values.float(), dim=-1)[:, :, None]
@@ -309,6 +336,12 @@ DECODING_PRESSES = {
     "prob_decode_attn_stratified": _press("attention", StratifiedSampler(alpha=0.5)),
     "prob_decode_attn_block4": _press("attention", BlockSampler(size=4, inner=PrioritySampler())),
     "prob_decode_attn_vase": _press("attention", _PRIORITY, protect_values=8),
+    # issue 28: the harmonic prior over the buffered queries, and variance control of the compounded weights
+    "prob_decode_min_variance_h_priority": _press("min_variance", _PRIORITY, harmonic=True),
+    "prob_decode_min_variance_priority_t2": _press("min_variance", _PRIORITY, temperature=2.0),
+    "prob_decode_min_variance_priority_cap16": _press("min_variance", _PRIORITY, max_weight=16.0),
+    "prob_decode_min_variance_priority_renorm": _press("min_variance", _PRIORITY, renormalise=True),
+    "prob_decode_min_variance_priority_floor20": _press("min_variance", _PRIORITY, floor=0.2),
 }
 DECODING_PRESSES.update({f"{name}_nocorr": _nocorr(factory) for name, factory in list(DECODING_PRESSES.items())
                          if name.startswith("prob_decode_")})
