@@ -124,3 +124,31 @@ def test_design_names_build_and_decode(name):
             logits = model(ids[:, t:t + 1], past_key_values=cache, position_ids=torch.tensor([[t]])).logits
     assert torch.isfinite(logits).all()
     assert cache.layers[0].keys.shape[2] <= 20 + 8 and press.stats["rounds"] >= 3 * 5
+
+
+def test_weights_watch_follows_positions_and_weights():
+    """evaluation.streaming.weights on a tiny model: the full cache has equal weights counting every token
+    seen; a corrected press's weights, after rounds, are unequal (ESS < 1), and the positions it follows are
+    the ones its layer-0 keys hold (layer 0's keys depend only on token and position)."""
+    from evaluation.streaming.weights import Watch, summarise, watch_stream
+
+    model = tiny_model("llama")
+    ids = random_ids(32 + 8 * 6 + 9, seed=19)
+    schedule = Schedule(n=ids.shape[1], budget=32, chunk=4, interval=8)
+    full = summarise(watch_stream(model, ids, None, schedule, [2, 4]))
+    assert set(full) == {2, 4}
+    for r in full.values():
+        assert r["ess"] == pytest.approx(1.0) and r["sum_w_over_seen"] == pytest.approx(1.0) and r["max_w"] == 1.0
+        assert 0 < r["old_share"] < 1
+    press = get_decoding_press("prob_decode_min_variance_priority", 24, 2, window=4, seed=0)
+    state = {}
+    ours = summarise(watch_stream(model, ids, press, schedule, [2, 4], state))
+    assert set(ours) == {2, 4} and ours[4]["ess"] < 1 and ours[4]["max_w"] > 1
+    reference = DynamicCache()
+    with torch.no_grad():
+        model(ids[:, :schedule.end], past_key_values=reference)
+    held, positions = state["cache"].layers[0].keys[0], state["positions"][0]  # (H_kv, n, d), (H_kv, n)
+    assert positions.shape == held.shape[:2] and (positions >= 0).all()
+    for h in range(held.shape[0]):
+        torch.testing.assert_close(held[h], reference.layers[0].keys[0, h, positions[h]], atol=1e-5, rtol=1e-5)
+    assert isinstance(Watch, type)

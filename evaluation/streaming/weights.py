@@ -91,8 +91,9 @@ class Watch:
         return spy
 
 
-def watch_stream(model, ids, press, schedule, rounds_wanted) -> list[dict]:
-    """Feed ``ids`` by ``schedule`` under ``press`` (None: full cache; then "rounds" count intervals)."""
+def watch_stream(model, ids, press, schedule, rounds_wanted, state: dict | None = None) -> list[dict]:
+    """Feed ``ids`` by ``schedule`` under ``press`` (None: full cache; then "rounds" count intervals).
+    ``state``, if given, receives the final "positions" (layer -> (H_kv, n)) and "cache"."""
     from kvpress_prob import decode_round as rounds
     from evaluation.streaming.drive import feed
 
@@ -108,7 +109,9 @@ def watch_stream(model, ids, press, schedule, rounds_wanted) -> list[dict]:
                 watch.rounds[module.layer_idx] = watch.rounds.get(module.layer_idx, 0) + 1
         handles += [layer.self_attn.register_forward_hook(full_counter, with_kwargs=True) for layer in model.model.layers]
     try:
-        feed(model, ids, schedule, press)
+        fed = feed(model, ids, schedule, press)
+        if state is not None:
+            state.update(positions=watch.positions, cache=fed["cache"])
     finally:
         rounds.cut = original
         for h in handles:
