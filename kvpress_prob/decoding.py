@@ -38,7 +38,7 @@ class _CacheState:
 
     hidden_states_buffer: defaultdict = field(default_factory=lambda: defaultdict(list))  # hidden states (b, c, D)
     layer_step_counts: defaultdict = field(default_factory=lambda: defaultdict(int))  # steps since the last round
-    queries: defaultdict = field(default_factory=lambda: defaultdict(list))  # RoPE'd queries (b, H_q, c, d)
+    queries: defaultdict = field(default_factory=lambda: defaultdict(list))  # RoPE (cos, sin) (b, c, d) of each step
     accumulated: dict = field(default_factory=dict)  # accumulated attention (b, H_kv, S) of the stored entries ("h2o")
     rounds: defaultdict = field(default_factory=lambda: defaultdict(int))  # rounds so far (seeds the generator)
 
@@ -203,7 +203,7 @@ class SamplingDecodingPress(DecodingPress):
     @torch.no_grad()
     def forward_hook(self, module: nn.Module, input: list, kwargs: dict, output: list):
         """kvpress's ``DecodingPress`` hook (buffer, count, a round every ``compression_interval``
-        steps), plus the buffered queries of the attention proposals."""
+        steps), plus the buffered RoPE of the attention proposals' queries."""
         hidden_states = kwargs["hidden_states"]
         if is_prefilling(kwargs["cache_position"], hidden_states.shape[1]):
             return output
@@ -211,8 +211,8 @@ class SamplingDecodingPress(DecodingPress):
             raise ValueError(f"SamplingDecodingPress samples with batch size 1, got {hidden_states.shape[0]}")
         layer = module.layer_idx
         self._bind(self._state_of(kwargs["past_key_values"]))  # every buffer, count and sum is this cache's
-        if self.proposal != "scorer":
-            self._queries[layer].append(rope_queries(module, hidden_states, kwargs["position_embeddings"]))
+        if self.proposal != "scorer":  # the step's RoPE (cos, sin): its query is projected at the round
+            self._queries[layer].append(kwargs["position_embeddings"])
         output = super().forward_hook(module, input, kwargs, output)
         if self.layer_step_counts[layer] == 0:  # a round ran: the queries are the cut cache's past
             self._queries[layer] = []
@@ -275,10 +275,16 @@ class SamplingDecodingPress(DecodingPress):
             finally:
                 self.base_press.compression_ratio = original
             return scores_to_weights(scores).double()
-        queries = self._queries[module.layer_idx]
-        if not queries:
+        rope = self._queries[module.layer_idx]
+        if not rope:
             raise RuntimeError(f"layer {module.layer_idx}: no buffered queries for proposal={self.proposal!r}")
-        queries = torch.cat(queries, dim=2)[:, :, -n:]  # (b, H_q, B, d)
+        # the buffered steps' queries, projected in one call from kvpress's buffered hidden states (the same
+        # steps, in order) rather than one projection per decoding step
+        cos, sin = (torch.cat([part[i] for part in rope], dim=1) for i in (0, 1))
+        if cos.shape[1] != hidden_states.shape[1]:
+            raise RuntimeError(f"layer {module.layer_idx}: {cos.shape[1]} buffered positions for "
+                               f"{hidden_states.shape[1]} buffered hidden states")
+        queries = rope_queries(module, hidden_states, (cos, sin))[:, :, -n:]  # (b, H_q, B, d)
         scaling = getattr(module, "scaling", d ** -0.5)
         rows = rounds.harmonic_rows(queries.shape[2], keys.device) if self.harmonic else None
         mass = rounds.buffered_attention(queries, keys, bias, scaling, rows)  # (b, H_q, n)
