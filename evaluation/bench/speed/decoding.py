@@ -155,7 +155,8 @@ def main(argv: list[str] | None = None) -> None:
                 f"Context {args.length} tokens (RULER, prefilled full), {args.steps} decoding steps per variant, target "
                 f"{args.target} entries per KV head, {args.threads} thread(s), {info['processor']}; medians over repeats.\n"
                 f"Command: `python -m evaluation.bench decode-speed --length {args.length} --target {args.target} "
-                f"--interval {args.interval} --steps {args.steps} --repeats {args.repeats} --threads {args.threads}`\n\n"
+                f"--interval {args.interval} --steps {args.steps} --repeats {args.repeats} --threads {args.threads}"
+                + "".join(f" --ours {' '.join(args.ours)}" for _ in [0] if args.ours) + "`\n\n"
                 + common.markdown_table(summary, index=False) + "\n\n## Throughput ratios (a / b, per repeat)\n\n"
                 + common.markdown_table(ratios, index=False, float_format="{:.3f}") + "\n")
         common.write_markdown(out / "decode_speed.md", text)
