@@ -15,7 +15,7 @@ pass() {  # budgets... -- presses
   PYTHONPATH=$PWD timeout "$left" /work/main/.venv/bin/python -m evaluation stream --split test --tokens 1024 \
       --streams 16 --budget "${budgets[@]}" --chunk 32 --interval 32 --presses "$@" --seeds 0 1 2 \
       --out results/stream/test
-  echo "$(date -u +%T) rc=$?"
+  local rc=$?; echo "$(date -u +%T) rc=$rc"
 }
 pass 256 512 -- $P1
 pass 256 512 -- $P2
