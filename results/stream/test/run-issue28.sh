@@ -18,5 +18,6 @@ pass() {  # budgets... -- presses
   local rc=$?; echo "$(date -u +%T) rc=$rc"
 }
 pass 256 512 -- $P1
+pass 256 512 -- $P1 h2o
 pass 256 512 -- $P2
 # budget 128 runs on the short lane: results/stream/test/run-issue28-b128.sh
