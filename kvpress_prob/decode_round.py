@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from kvpress_prob import correction
 from kvpress_prob.samplers import Sampler
 from kvpress_prob.samplers.priority import PrioritySampler, priority_draw
 
@@ -32,14 +33,20 @@ LOWEST = torch.finfo(torch.float32).min  # bias of padding: exp(LOWEST - max) = 
 
 
 def extended_bias(stored: torch.Tensor | None, shape: tuple[int, int, int], device) -> torch.Tensor:
-    """The bias (b, H_kv, n) float32 of all n entries: ``stored`` (b, H_kv, S) on the first S, 0 after."""
+    """The bias (b, H_kv, n) float32 of all n entries: ``stored`` (b, H_kv, S) on the first S, 0 after.
+
+    Padding is recognised in the stored bias's own dtype (``correction.is_padding``: its lowest finite
+    value, -65504 in float16) and becomes LOWEST here; a plain cast would leave float16 padding at
+    -65504, which ``is_real`` would read as an entry."""
     b, h, n = shape
     bias = torch.zeros(b, h, n, dtype=torch.float32, device=device)
     if stored is not None:
         s = stored.shape[-1]
         if s > n:
             raise RuntimeError(f"the stored bias covers {s} entries but the layer holds only {n}")
-        bias[..., :s] = stored.to(device=device, dtype=torch.float32).clamp_min(LOWEST)
+        stored = stored.to(device=device)
+        bias[..., :s] = torch.where(correction.is_padding(stored), LOWEST,
+                                    stored.to(torch.float32).clamp_min(LOWEST))
     return bias
 
 
@@ -130,10 +137,45 @@ def cut(keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, keep: torc
     return keys.gather(2, index).contiguous(), values.gather(2, index).contiguous(), new, order
 
 
-def buffered_attention(queries: torch.Tensor, keys: torch.Tensor, bias: torch.Tensor, scaling: float) -> torch.Tensor:
+def controlled(log_weight: torch.Tensor, bias: torch.Tensor, drawn: torch.Tensor, candidates: torch.Tensor,
+               temperature: float = 1.0, max_log_weight: float = float("inf"), renormalise: bool = False) -> torch.Tensor:
+    """The increment of the bias of each drawn entry (b, H_kv, n) float64, from the draw's log-weights
+    log 1/q (b, H_kv, n) and the bias (b, H_kv, n) the entries carry before the round; 0 elsewhere
+    (sinks, window and entries not drawn). In this order:
+
+    - ``temperature``: log(1/q) / T (docs/decoding.md, "Compounding under a temperature");
+    - ``renormalise``: the drawn entries' compounded weights are scaled, per head, to sum to the
+      candidates' weights before the round (sum over drawn of e^(b + inc) = sum over candidates of
+      e^b): a ratio estimator, exact on the total that Horvitz-Thompson only matches in expectation;
+    - ``max_log_weight``: a drawn entry's compounded bias b + inc is capped there (truncated
+      importance weights, Ionides 2008)."""
+    inc = torch.where(drawn, log_weight.double() / temperature, 0.0)
+    old = bias.double()
+    if renormalise:
+        minus = torch.tensor(float("-inf"), dtype=torch.float64, device=old.device)
+        before = torch.where(candidates, old, minus).logsumexp(-1, keepdim=True)
+        after = torch.where(drawn, old + inc, minus).logsumexp(-1, keepdim=True)
+        shift = torch.where(torch.isfinite(after), before - after, 0.0)
+        inc = torch.where(drawn, inc + shift, 0.0)
+    if max_log_weight != float("inf"):
+        inc = torch.where(drawn, torch.minimum(old + inc, torch.full_like(old, max_log_weight)) - old, 0.0)
+    return inc
+
+
+def harmonic_rows(n_q: int, device=None) -> torch.Tensor:
+    """The harmonic prior over B buffered query rows, h_j proportional to 1 / (B - j) (the most
+    recent query weighs most; pi_min-h of docs/method.md over the buffer), summing to B so that
+    uniform rows (all 1) and harmonic rows give attention mass on the same scale. (B,) float32."""
+    h = 1.0 / torch.arange(n_q, 0, -1, device=device, dtype=torch.float32)
+    return h * (n_q / h.sum())
+
+
+def buffered_attention(queries: torch.Tensor, keys: torch.Tensor, bias: torch.Tensor, scaling: float,
+                       rows: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of the B buffered queries (b, H_q, B, d), with RoPE, over the n cache entries
     (b, H_kv, n, d) with the correction bias (b, H_kv, n): the B queries are the last B entries, and
-    query j sees entries 0..n-B+j. Returns the attention summed over the queries, (b, H_q, n) float32."""
+    query j sees entries 0..n-B+j. Returns the attention summed over the queries, each weighted by
+    ``rows`` (B,) if given (``harmonic_rows``), (b, H_q, n) float32."""
     b, hq, n_q, d = queries.shape
     hkv, n = keys.shape[1], keys.shape[2]
     g = hq // hkv
@@ -143,4 +185,7 @@ def buffered_attention(queries: torch.Tensor, keys: torch.Tensor, bias: torch.Te
     j = torch.arange(n_q, device=keys.device)[:, None]
     i = torch.arange(n, device=keys.device)[None, :]
     logits = logits.masked_fill(i > n - n_q + j, float("-inf"))
-    return torch.softmax(logits, dim=-1).sum(3).reshape(b, hq, n)
+    attention = torch.softmax(logits, dim=-1)
+    if rows is not None:
+        attention = attention * rows.to(attention.device)[:, None]
+    return attention.sum(3).reshape(b, hq, n)

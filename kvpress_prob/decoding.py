@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -27,6 +29,18 @@ logger = logging.getLogger(__name__)
 
 #: proposals while decoding: a kvpress scorer's scores, or the buffered queries' attention
 PROPOSALS = ("scorer", "attention", "h2o", "min_variance")
+
+
+@dataclass
+class _CacheState:
+    """What a ``SamplingDecodingPress`` keeps of one cache, per layer, between its forwards: two caches
+    decoded in any interleaving inside one ``with press(model)`` never see each other's (issue 25)."""
+
+    hidden_states_buffer: defaultdict = field(default_factory=lambda: defaultdict(list))  # hidden states (b, c, D)
+    layer_step_counts: defaultdict = field(default_factory=lambda: defaultdict(int))  # steps since the last round
+    queries: defaultdict = field(default_factory=lambda: defaultdict(list))  # RoPE (cos, sin) (b, c, d) of each step
+    accumulated: dict = field(default_factory=dict)  # accumulated attention (b, H_kv, S) of the stored entries ("h2o")
+    rounds: defaultdict = field(default_factory=lambda: defaultdict(int))  # rounds so far (seeds the generator)
 
 
 @dataclass
@@ -78,8 +92,27 @@ class SamplingDecodingPress(DecodingPress):
         exactly, VaSE's protection of large values; >= 0.
     correct : bool, default True
         Compound the Horvitz-Thompson weights into the correction bias.
+    temperature : float, default 1.0
+        Each round adds log(1/q) / ``temperature`` to a kept entry's bias, > 0. Compounding is
+        defined stage by stage (docs/decoding.md, "Compounding under a temperature"): a round
+        multiplies the weight an entry already carries, whatever its origin (a prefill press's
+        log w / T_prefill, 0 after an uncorrected prefill), by (1/q)^(1/temperature). At 1 a round
+        is unbiased for the cache it cuts; 1 / (q_prefill q1 ...) holds when every stage has T = 1,
+        and temperature = T_prefill gives the one tempered product (1 / (q_prefill q1 ...))^(1/T).
+    max_weight : float, default inf
+        Cap on a drawn entry's compounded weight e^bias (truncated importance weights), > 1.
+    renormalise : bool, default False
+        Scale the drawn entries' compounded weights, per head and round, to sum to the candidates'
+        weights before the round (``decode_round.controlled``).
+    harmonic : bool, default False
+        Weigh the buffered queries' attention rows by the harmonic prior h_j ~ 1 / (B - j) (the
+        attention proposals; "min_variance" with it is pi_min-h over the buffer).
     floor : float, default 0.01
-        Uniform mass mixed into the proposal over the drawn candidates, in [0, 1).
+        Uniform mass mixed into the proposal over the drawn candidates, in [0, 1) (a defensive
+        mixture: no candidate's inclusion probability falls below about floor k / m).
+    bias_dtype : {"float32", "keys"}, default "float32"
+        The dtype the compounded bias is stored in: float32, or the keys' dtype (2 bytes in
+        bfloat16 / float16: the equal-bytes accounting of ``evaluation.streaming.presses`` reads it).
     seed : int, default 0
         Round r of layer l draws from a generator seeded with (seed, l, r): same seed, same kept sets.
     """
@@ -96,7 +129,12 @@ class SamplingDecodingPress(DecodingPress):
     window: int = 32
     protect_values: int = 0
     correct: bool = True
+    temperature: float = 1.0
+    max_weight: float = float("inf")
+    renormalise: bool = False
+    harmonic: bool = False
     floor: float = 0.01
+    bias_dtype: str = "float32"
     seed: int = 0
     stats: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -125,17 +163,34 @@ class SamplingDecodingPress(DecodingPress):
             raise ValueError(f"base_press is the scorer of proposal='scorer'; proposal={self.proposal!r} takes None")
         if not isinstance(self.sampler, Sampler):
             raise TypeError(f"sampler must be a kvpress_prob Sampler, got {type(self.sampler).__name__}")
+        if not self.temperature > 0 or self.temperature == float("inf"):  # also catches NaN
+            raise ValueError(f"temperature must be > 0 and finite (correct=False adds nothing), got {self.temperature}")
+        if not self.max_weight > 1:
+            raise ValueError(f"max_weight must be > 1 (inf: no cap), got {self.max_weight}")
+        if self.bias_dtype not in ("float32", "keys"):
+            raise ValueError(f"bias_dtype must be 'float32' or 'keys', got {self.bias_dtype!r}")
+        if self.harmonic and self.proposal == "scorer":
+            raise ValueError("harmonic weighs the buffered queries of the attention proposals; proposal='scorer' has none")
         if not 0.0 <= self.floor < 1.0:
             raise ValueError(f"floor must be in [0, 1), got {self.floor}")
         self.reset()
 
     def reset(self):
         """Drop every buffer and count (kvpress calls it when the press's context exits)."""
-        self.hidden_states_buffer = defaultdict(list)  # layer -> hidden states (b, c, D) of recent steps
-        self.layer_step_counts = defaultdict(int)  # layer -> steps since its last round
-        self._queries = defaultdict(list)  # layer -> RoPE'd queries (b, H_q, c, d) of recent steps
-        self._accumulated = {}  # layer -> accumulated attention (b, H_kv, S) of its stored entries ("h2o")
-        self._rounds = defaultdict(int)  # layer -> rounds so far (seeds its generator)
+        self._caches = weakref.WeakKeyDictionary()  # cache -> its _CacheState (freed with the cache)
+        self._bind(_CacheState())
+
+    def _bind(self, state: "_CacheState") -> None:
+        """Point the per-layer state kvpress's ``DecodingPress`` and this press read at one cache's."""
+        self.hidden_states_buffer = state.hidden_states_buffer
+        self.layer_step_counts = state.layer_step_counts
+        self._queries, self._accumulated, self._rounds = state.queries, state.accumulated, state.rounds
+
+    def _state_of(self, cache) -> "_CacheState":
+        state = self._caches.get(cache)
+        if state is None:
+            state = self._caches[cache] = _CacheState()
+        return state
 
     def post_init_from_model(self, model):
         if self.base_press is not None:
@@ -148,15 +203,16 @@ class SamplingDecodingPress(DecodingPress):
     @torch.no_grad()
     def forward_hook(self, module: nn.Module, input: list, kwargs: dict, output: list):
         """kvpress's ``DecodingPress`` hook (buffer, count, a round every ``compression_interval``
-        steps), plus the buffered queries of the attention proposals."""
+        steps), plus the buffered RoPE of the attention proposals' queries."""
         hidden_states = kwargs["hidden_states"]
         if is_prefilling(kwargs["cache_position"], hidden_states.shape[1]):
             return output
         if hidden_states.shape[0] != 1 and self.sampler.random:
             raise ValueError(f"SamplingDecodingPress samples with batch size 1, got {hidden_states.shape[0]}")
         layer = module.layer_idx
-        if self.proposal != "scorer":
-            self._queries[layer].append(rope_queries(module, hidden_states, kwargs["position_embeddings"]))
+        self._bind(self._state_of(kwargs["past_key_values"]))  # every buffer, count and sum is this cache's
+        if self.proposal != "scorer":  # the step's RoPE (cos, sin): its query is projected at the round
+            self._queries[layer].append(kwargs["position_embeddings"])
         output = super().forward_hook(module, input, kwargs, output)
         if self.layer_step_counts[layer] == 0:  # a round ran: the queries are the cut cache's past
             self._queries[layer] = []
@@ -192,10 +248,13 @@ class SamplingDecodingPress(DecodingPress):
             (self.seed * 1_000_003 + layer) * 100_003 + self._rounds[layer])
         drawn, log_weight = rounds.draw(pi, candidates, k, self.sampler, generator)
         keep = fixed | drawn
-        log_weight = torch.where(fixed, 0.0, log_weight)
+        log_weight = rounds.controlled(log_weight, bias, drawn, candidates, self.temperature,
+                                       math.log(self.max_weight), self.renormalise)
         keys, values, new_bias, order = rounds.cut(keys, values, bias, keep, log_weight, self.correct)
         if layer in self._accumulated:
             self._accumulated[layer] = weights.float().gather(-1, order) * (new_bias > rounds.LOWEST / 2)
+        if self.bias_dtype == "keys":  # padding stays padding (cut sets it to float32's lowest)
+            new_bias = correction.cast(new_bias, keys.dtype)
         if stored is not None or bool((new_bias != 0).any()):
             correction.set_bias(module, new_bias, cache)
         self._rounds[layer] += 1
@@ -216,12 +275,19 @@ class SamplingDecodingPress(DecodingPress):
             finally:
                 self.base_press.compression_ratio = original
             return scores_to_weights(scores).double()
-        queries = self._queries[module.layer_idx]
-        if not queries:
+        rope = self._queries[module.layer_idx]
+        if not rope:
             raise RuntimeError(f"layer {module.layer_idx}: no buffered queries for proposal={self.proposal!r}")
-        queries = torch.cat(queries, dim=2)[:, :, -n:]  # (b, H_q, B, d)
+        # the buffered steps' queries, projected in one call from kvpress's buffered hidden states (the same
+        # steps, in order) rather than one projection per decoding step
+        cos, sin = (torch.cat([part[i] for part in rope], dim=1) for i in (0, 1))
+        if cos.shape[1] != hidden_states.shape[1]:
+            raise RuntimeError(f"layer {module.layer_idx}: {cos.shape[1]} buffered positions for "
+                               f"{hidden_states.shape[1]} buffered hidden states")
+        queries = rope_queries(module, hidden_states, (cos, sin))[:, :, -n:]  # (b, H_q, B, d)
         scaling = getattr(module, "scaling", d ** -0.5)
-        mass = rounds.buffered_attention(queries, keys, bias, scaling)  # (b, H_q, n)
+        rows = rounds.harmonic_rows(queries.shape[2], keys.device) if self.harmonic else None
+        mass = rounds.buffered_attention(queries, keys, bias, scaling, rows)  # (b, H_q, n)
         mass = mass.view(b, h, -1, n)  # (b, H_kv, g, n)
         if self.proposal == "min_variance":
             mass = mass * torch.linalg.vector_norm(values.float(), dim=-1)[:, :, None]
@@ -276,6 +342,12 @@ DECODING_PRESSES = {
     "prob_decode_attn_stratified": _press("attention", StratifiedSampler(alpha=0.5)),
     "prob_decode_attn_block4": _press("attention", BlockSampler(size=4, inner=PrioritySampler())),
     "prob_decode_attn_vase": _press("attention", _PRIORITY, protect_values=8),
+    # issue 28: the harmonic prior over the buffered queries, and variance control of the compounded weights
+    "prob_decode_min_variance_h_priority": _press("min_variance", _PRIORITY, harmonic=True),
+    "prob_decode_min_variance_priority_t2": _press("min_variance", _PRIORITY, temperature=2.0),
+    "prob_decode_min_variance_priority_cap16": _press("min_variance", _PRIORITY, max_weight=16.0),
+    "prob_decode_min_variance_priority_renorm": _press("min_variance", _PRIORITY, renormalise=True),
+    "prob_decode_min_variance_priority_floor20": _press("min_variance", _PRIORITY, floor=0.2),
 }
 DECODING_PRESSES.update({f"{name}_nocorr": _nocorr(factory) for name, factory in list(DECODING_PRESSES.items())
                          if name.startswith("prob_decode_")})

@@ -16,6 +16,7 @@ model kvpress supports.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -103,7 +104,8 @@ class H2OPress(ScorerPress):
 
     compression_ratio: float = 0.0
     n_recent: int = 0
-    accumulated: dict = field(default_factory=dict, repr=False)  # layer index -> (B, H_kv, k_len) float32
+    #: cache -> {layer index -> (B, H_kv, k_len) float32}: each cache its own sums, freed with it
+    accumulated: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary, repr=False)
 
     def __post_init__(self):
         super().__post_init__()
@@ -111,19 +113,28 @@ class H2OPress(ScorerPress):
             raise ValueError(f"n_recent must be an integer >= 0, got {self.n_recent!r}")
 
     def post_init_from_model(self, model):
-        self.accumulated = {}  # a new context starts with no sums
+        self.accumulated = weakref.WeakKeyDictionary()  # a new context starts with no sums
+
+    def _sums(self, kwargs) -> dict:
+        """The sums of the cache this forward runs on (layer index -> (B, H_kv, k_len))."""
+        cache = kwargs["past_key_values"]
+        sums = self.accumulated.get(cache)
+        if sums is None:
+            sums = self.accumulated[cache] = {}
+        return sums
 
     def score(self, module, hidden_states, keys, values, attentions, kwargs) -> torch.Tensor:
         b, h_kv, k_len, _ = keys.shape
         attention = buffered_attention(module, hidden_states, keys, kwargs)  # (B, H_q, L, k_len)
         received = attention.sum(dim=2).view(b, h_kv, -1, k_len).mean(dim=2)  # (B, H_kv, k_len)
-        before = self.accumulated.get(module.layer_idx)
+        sums = self._sums(kwargs)
+        before = sums.get(module.layer_idx)
         if before is not None:
             if before.shape[2] > k_len:
                 raise RuntimeError(f"layer {module.layer_idx}: {before.shape[2]} accumulated sums for {k_len} "
-                                   "entries; the press was used on another cache without re-entering its context")
+                                   "entries; the cache's layer was emptied and refilled without a new context")
             received[:, :, : before.shape[2]] += before
-        self.accumulated[module.layer_idx] = received
+        sums[module.layer_idx] = received
         scores = received.clone()
         if self.n_recent:
             scores[:, :, -self.n_recent:] = float("inf")
@@ -135,6 +146,7 @@ class H2OPress(ScorerPress):
             return keys, values
         n_kept = compute_n_kept(keys.shape[2], self.compression_ratio)
         indices = scores.topk(n_kept, dim=-1).indices  # (B, H_kv, n_kept)
-        self.accumulated[module.layer_idx] = self.accumulated[module.layer_idx].gather(2, indices)
+        sums = self._sums(kwargs)
+        sums[module.layer_idx] = sums[module.layer_idx].gather(2, indices)
         indices = indices.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])
         return keys.gather(2, indices).contiguous(), values.gather(2, indices).contiguous()

@@ -57,7 +57,7 @@ def cmd_stream(args, load, model_name) -> Path:
             for u in todo:
                 schedule = u.schedule(args.tokens)
                 if model is not None:
-                    stream_presses()[u.press](schedule, u.seed, head_dim(model))
+                    stream_presses()[u.press](schedule, u.seed, head_dim(model), model.dtype)
         except ValueError as error:
             sys.exit(f"kvprob stream: {error}")
         return todo

@@ -1,4 +1,5 @@
-"""The presses a stream runs under, by name: each a factory ``(schedule, seed, head_dim) -> press`` at the
+"""The presses a stream runs under, by name: each a factory ``(schedule, seed, head_dim, dtype) -> press``
+(``dtype`` the model's, that of the keys and values) at the
 schedule's budget (``target_size``) and interval (``compression_interval``, counted in forwards as kvpress
 counts it). Every baseline is kvpress's own ``DecodingPress`` over a ScorerPress, used through its
 public constructor:
@@ -13,9 +14,11 @@ public constructor:
   which loses its sinks after the first round (docs/streaming.md); reported as found, not a baseline.
 
 The corrected presses (``prob_*`` but ``*_nocorr``) keep one correction-bias value per entry and KV head
-beside its key and value, so they run at ``equal_memory_target``: 254 entries for a budget of 256 and 508
-for 512 at head_dim 64, the bytes of the budget; the bias they hold is measured on the cache and
-reported (``bias_bytes``).
+beside its key and value, so they run at ``equal_memory_target`` in the dtypes actually stored: the keys'
+(the model's) and the bias's (float32, or the keys' with ``bias_dtype="keys"``). At head_dim 64: 254
+entries for a budget of 256 and 508 for 512 in float32 (or a bfloat16 bias beside bfloat16 keys), 252 and
+504 for a float32 bias beside bfloat16 keys; the bias they hold is measured on the cache and reported
+(``bias_bytes``).
 
 ``BASELINES`` are the rows a press is compared with (the best of them per setting); every name here is
 deterministic and runs with the first seed only.
@@ -24,6 +27,8 @@ deterministic and runs with the first seed only.
 from __future__ import annotations
 
 from typing import Callable
+
+import torch
 
 from kvpress import DecodingPress, KeyDiffPress, KnormPress, SnapKVPress, StreamingLLMPress, TOVAPress
 
@@ -34,7 +39,7 @@ N_SINK = 4
 
 
 def _decoding(scorer) -> Callable[[Schedule, int, int], DecodingPress]:
-    def build(schedule: Schedule, seed: int, head_dim: int) -> DecodingPress:
+    def build(schedule: Schedule, seed: int, head_dim: int, dtype: torch.dtype = torch.float32) -> DecodingPress:
         return DecodingPress(base_press=scorer(schedule), compression_interval=schedule.calls_per_interval,
                              target_size=schedule.budget, hidden_states_buffer_size=schedule.calls_per_interval)
     return build
@@ -70,8 +75,12 @@ def stream_presses() -> dict[str, Callable[[Schedule, int, int], object]]:
 
 
 def _ours(name: str, factory):
-    def build(schedule: Schedule, seed: int, head_dim: int):
-        budget = equal_memory_target(schedule.budget, head_dim) if corrects(name) else schedule.budget
+    def build(schedule: Schedule, seed: int, head_dim: int, dtype: torch.dtype = torch.float32):
+        press = factory(schedule.budget, schedule.calls_per_interval, seed=seed)
+        if not corrects(name):
+            return press
+        bias = dtype if press.bias_dtype == "keys" else torch.float32  # the dtype the bias is stored in
+        budget = equal_memory_target(schedule.budget, head_dim, dtype.itemsize, bias.itemsize)
         return factory(budget, schedule.calls_per_interval, seed=seed)
     return build
 
@@ -81,10 +90,12 @@ def corrects(name: str) -> bool:
     return name.startswith("prob_") and not name.endswith("_nocorr")
 
 
-def equal_memory_target(budget: int, head_dim: int) -> int:
-    """Entries per KV head a press that keeps one bias value per entry beside its key and value (2 x
-    head_dim values) may hold in the bytes of ``budget`` entries: floor(budget 2d / (2d + 1))."""
-    return budget * 2 * head_dim // (2 * head_dim + 1)
+def equal_memory_target(budget: int, head_dim: int, kv_bytes: int = 4, bias_bytes: int = 4) -> int:
+    """Entries per KV head a press that keeps one bias value (``bias_bytes``) per entry beside its key
+    and value (2 x head_dim values of ``kv_bytes`` each) may hold in the bytes of ``budget`` entries:
+    floor(budget 2d kv / (2d kv + bias)); floor(budget 2d / (2d + 1)) when both dtypes are the same."""
+    entry = 2 * head_dim * kv_bytes
+    return budget * entry // (entry + bias_bytes)
 
 
 def samples(name: str) -> bool:

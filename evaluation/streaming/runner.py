@@ -73,7 +73,7 @@ def run_unit(model, stream: Stream, unit: Unit, reference: torch.Tensor) -> dict
         parts.append(metrics.token_scores(reference[rows], logits, targets[start + 1:start + 1 + len(logits)]))
 
     torch.manual_seed(unit.seed)
-    press = stream_presses()[unit.press](schedule, unit.seed, head_dim(model))
+    press = stream_presses()[unit.press](schedule, unit.seed, head_dim(model), model.dtype)
     sizes = feed(model, stream.ids, schedule, press, score)
     del sizes["cache"]
     return metrics.summary(parts) | sizes

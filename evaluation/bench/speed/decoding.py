@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from kvpress import DecodingPress, KnormPress, TOVAPress
+from kvpress import DecodingPress, KnormPress, SnapKVPress, TOVAPress
 from transformers import DynamicCache
 
 from evaluation.bench import common
@@ -37,9 +37,13 @@ from kvpress_prob.press import language_model
 
 OURS = ["decode_knorm_topk", "decode_tova_topk", "prob_decode_attn_priority", "prob_decode_attn_priority_nocorr",
         "prob_decode_tova_priority", "prob_decode_tova_priority_nocorr"]
-KVPRESS = {"kvpress DecodingPress(KnormPress)": KnormPress, "kvpress DecodingPress(TOVAPress)": TOVAPress}
+KVPRESS = {"kvpress DecodingPress(KnormPress)": KnormPress, "kvpress DecodingPress(TOVAPress)": TOVAPress,
+           "kvpress DecodingPress(SnapKVPress)": lambda: SnapKVPress(window_size=31)}
 TWINS = [("prob_decode_attn_priority", "prob_decode_attn_priority_nocorr"),
          ("prob_decode_tova_priority", "prob_decode_tova_priority_nocorr")]
+#: ours over kvpress's at the same target and interval
+VERSUS = [("decode_knorm_topk", "kvpress DecodingPress(KnormPress)"),
+          ("decode_tova_topk", "kvpress DecodingPress(TOVAPress)")]
 
 
 def build(name: str, target: int, interval: int):
@@ -89,8 +93,10 @@ def summarise(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
         summary["over_full_cache"] = summary["tok_per_s"] / float(full.iloc[0])
     wide = frame.pivot(index="repeat", columns="variant", values="tok_per_s")
     ratios = []
-    for a, b in TWINS + [("decode_knorm_topk", "kvpress DecodingPress(KnormPress)"),
-                         ("decode_tova_topk", "kvpress DecodingPress(TOVAPress)")]:
+    extra = [(name, name + "_nocorr") for name in frame.variant.unique()
+             if name + "_nocorr" in set(frame.variant) and (name, name + "_nocorr") not in TWINS]
+    versus = [(a, "kvpress DecodingPress(SnapKVPress)") for a, _ in TWINS + extra]
+    for a, b in TWINS + extra + VERSUS + versus:
         if a in wide and b in wide:
             r = wide[a] / wide[b]
             ratios.append({"a": a, "b": b, "median_ratio": float(r.median()), "min_ratio": float(r.min()),
@@ -108,6 +114,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default="results/bench")
     parser.add_argument("--model", default=None)
+    parser.add_argument("--ours", nargs="*", default=[], metavar="NAME",
+                        help="more decoding presses (kvpress_prob.decoding names), each with its _nocorr twin if it has "
+                             "one: ratios corrected / uncorrected and over kvpress DecodingPress(SnapKVPress)")
     return parser
 
 
@@ -119,7 +128,10 @@ def main(argv: list[str] | None = None) -> None:
     model, tokenizer = common.load(args.model)
     ids = common.context_ids(tokenizer, args.length, device=model.device)
     tokens = torch.randint(100, 10000, (args.steps,), generator=torch.Generator().manual_seed(0)).to(model.device)
-    variants = ["full cache", *KVPRESS, *OURS]
+    from kvpress_prob.decoding import DECODING_PRESSES
+
+    extra = [v for name in args.ours for v in (name, name + "_nocorr") if v in DECODING_PRESSES and v not in OURS]
+    variants = ["full cache", *KVPRESS, *OURS, *dict.fromkeys(extra)]
     rows, start = [], time.time()
     for rep in range(args.repeats):
         prefilled = DynamicCache()
@@ -143,7 +155,8 @@ def main(argv: list[str] | None = None) -> None:
                 f"Context {args.length} tokens (RULER, prefilled full), {args.steps} decoding steps per variant, target "
                 f"{args.target} entries per KV head, {args.threads} thread(s), {info['processor']}; medians over repeats.\n"
                 f"Command: `python -m evaluation.bench decode-speed --length {args.length} --target {args.target} "
-                f"--interval {args.interval} --steps {args.steps} --repeats {args.repeats} --threads {args.threads}`\n\n"
+                f"--interval {args.interval} --steps {args.steps} --repeats {args.repeats} --threads {args.threads}"
+                + "".join(f" --ours {' '.join(args.ours)}" for _ in [0] if args.ours) + "`\n\n"
                 + common.markdown_table(summary, index=False) + "\n\n## Throughput ratios (a / b, per repeat)\n\n"
                 + common.markdown_table(ratios, index=False, float_format="{:.3f}") + "\n")
         common.write_markdown(out / "decode_speed.md", text)
