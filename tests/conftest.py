@@ -15,7 +15,11 @@ def pytest_configure(config):
 
 
 def tiny_model(arch: str, dtype=torch.float32, layers: int = 3):
-    """A randomly initialised model: 4 query heads, 2 KV heads (GQA), head_dim 16."""
+    """A randomly initialised model: 4 query heads, 2 KV heads (GQA), head_dim 16.
+
+    Qwen3's q-norm and k-norm gains get seeded random values in [0.5, 1.5) (a fresh Qwen3 has ones):
+    with unit gains every key's norm is sqrt(head_dim) = 4 up to 4e-5, so K-norm and other norm-based
+    scores would rank rounding noise, and a comparison of two code paths would depend on the machine."""
     torch.manual_seed(0)
     common = dict(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
@@ -26,6 +30,7 @@ def tiny_model(arch: str, dtype=torch.float32, layers: int = 3):
         model = LlamaForCausalLM(LlamaConfig(**common))
     else:
         model = Qwen3ForCausalLM(Qwen3Config(head_dim=16, **common))
+        random_norm_gains(model)
     # its vocabulary is the embedded tokenizer's: presses that read word boundaries (SpanPress) load it from here
     from kvpress_prob.models import embedded_model_path
 
@@ -43,6 +48,16 @@ def tokenizer():
     from kvpress_prob.models import embedded_model_path
 
     return AutoTokenizer.from_pretrained(embedded_model_path())
+
+
+def random_norm_gains(model, seed: int = 1):
+    """Seeded random gains in [0.5, 1.5) for every q-norm and k-norm weight (in place)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                p.copy_(0.5 + torch.rand(p.shape, generator=g))
+    return model
 
 
 def random_ids(n: int, seed: int = 0) -> torch.Tensor:

@@ -3,7 +3,7 @@
 
 import pytest
 import torch
-from conftest import random_ids, tiny_model
+from conftest import random_ids, random_norm_gains, tiny_model
 from kvpress import KnormPress, SnapKVPress, StreamingLLMPress, TOVAPress
 from transformers import DynamicCache
 
@@ -40,13 +40,8 @@ def eager_attention(model, n=70, layer=1):
 
 
 def with_random_norms(model):
-    """Qwen3's q-norm and k-norm start as ones; random gains make a reconstruction that skips them fail."""
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(("q_norm.weight", "k_norm.weight")):
-                p.copy_(0.5 + torch.rand(p.shape, generator=g))
-    return model
+    """Qwen3's q-norm and k-norm gains are random (conftest): a reconstruction that skips them fails."""
+    return random_norm_gains(model)
 
 
 def reference(A, values, rows, value_norm, floor, centred=False):
