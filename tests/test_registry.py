@@ -159,3 +159,13 @@ def test_every_rejected_name_keeps_its_row_and_reason_in_the_docs():
             assert f"| `{entry.name}` | {entry.family} | {entry.finding} |" in text, entry.name
     for name in REMOVED:
         assert f"| `{name}` |" in text, name
+
+
+def test_a_decoding_press_name_points_to_get_decoding_press():
+    """get_press is for ratios at prefill; a decoding press's name says where it is built (issue 25 item 5)."""
+    from kvpress_prob.decoding import DECODING_PRESSES
+
+    for name in ("prob_decode_attn_priority", "decode_knorm_topk"):
+        assert name in DECODING_PRESSES
+        with pytest.raises(ValueError, match=rf"decoding press.*get_decoding_press\('{name}', target_size"):
+            get_press(name, 0.5)
