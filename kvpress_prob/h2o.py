@@ -61,8 +61,11 @@ class EagerObservedAttentionPress(ObservedAttentionPress):
         previous = model.config._attn_implementation
 
         def choose(module, args, kwargs):  # before the decoder runs: the context length is known
-            ids = kwargs.get("input_ids")
+            ids = kwargs.get("input_ids", args[0] if args else None)  # the decoder's first parameter
             ids = kwargs.get("inputs_embeds") if ids is None else ids
+            if ids is None:
+                raise ValueError("EagerObservedAttentionPress: the decoder was called without input_ids or "
+                                 "inputs_embeds, so the context length (eager or chunked scores) is unknown")
             model.set_attn_implementation("eager" if self.eager_fits(model, ids.shape[1]) else previous)
 
         handle = language_model(model).register_forward_pre_hook(choose, with_kwargs=True)
