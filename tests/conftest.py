@@ -60,6 +60,19 @@ def random_norm_gains(model, seed: int = 1):
     return model
 
 
+#: Relative gaps below this are ties: two code paths computing the same scores differ by about 1e-7 of
+#: their size (float32 rounding, summation order); 1e-5 leaves a factor of about 50.
+TIE = 1e-5
+
+
+def boundary_gap(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Per head (..., n) -> (...): the gap between the k-th and the (k+1)-th largest score, relative to the
+    head's largest |score|. Below ``TIE`` the top-k set is decided by rounding, not by the scores: a test
+    that compares top-k sets of two code paths compares them only where the gap is larger."""
+    top = scores.double().topk(k + 1, dim=-1).values
+    return (top[..., k - 1] - top[..., k]) / scores.double().abs().amax(-1).clamp_min(1e-30)
+
+
 def random_ids(n: int, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, VOCAB, (1, n), generator=g)

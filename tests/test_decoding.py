@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from conftest import random_ids, tiny_model
+from conftest import TIE, boundary_gap, random_ids, tiny_model
 from kvpress import DecodingPress, KnormPress, KVPressTextGenerationPipeline, PrefillDecodingPress, TOVAPress
 from transformers import DynamicCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -212,27 +212,16 @@ def recording(scorer: type, log: list):
     return Recording()
 
 
-def boundary_gap(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """Per head (b, H_kv): the gap between the k-th and the (k+1)-th largest score, relative to the head's
-    largest |score|. Below float error (TIE) the top-k set is decided by rounding, not by the scores."""
-    top = scores.topk(k + 1, dim=-1).values
-    return (top[..., k - 1] - top[..., k]) / scores.abs().amax(-1).clamp_min(1e-30)
-
-
-#: Relative gaps below this are ties. The two presses' scores of the same round differ by at most 2e-7 of
-#: their size here (kvpress's unsorted gather changes later summation orders); 1e-5 leaves a factor 50.
-TIE = 1e-5
-
-
 @pytest.mark.parametrize("scorer, seed", [(KnormPress, 21), (TOVAPress, 12)], ids=["knorm", "tova"])
 def test_topk_over_an_order_invariant_scorer_keeps_kvpress_decoding_press_sets(scorer, seed):
     """With no sinks or window and a top-k design, every round keeps exactly the set kvpress's own
     DecodingPress keeps (compared entry by entry, round after round), in positional order.
 
-    kvpress gathers the kept entries unsorted, which changes later summation orders (about 1e-6), so the
-    sets are compared only where both scorers' k-th and (k+1)-th scores differ by more than float error
-    (TIE); a head with a tie is reported, not compared, and the rounds after it are not compared (the two
-    caches then legitimately differ). The tiny Qwen3 has random k-norm gains (conftest), so its scores
+    kvpress gathers the kept entries unsorted, which changes later summation orders, so the sets are
+    compared only where both scorers' k-th and (k+1)-th scores differ by more than float error
+    (conftest.TIE, 1e-5; the two presses' scores of one round differ by at most 2e-7 of their size here);
+    a head with a tie is reported, not compared, and the rounds after it are not compared (the two caches
+    then legitimately differ). The tiny Qwen3 has random k-norm gains (conftest), so its scores
     carry signal, and the prompts are chosen so that every boundary gap is at least 1.1e-4 (10 x TIE):
     every round is compared, on any machine."""
     model = tiny_model("qwen3")
