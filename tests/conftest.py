@@ -1,5 +1,7 @@
 """Shared fixtures: tiny random Llama / Qwen3 models built from a config, the embedded tokenizer."""
 
+from contextlib import contextmanager
+
 import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
@@ -71,6 +73,26 @@ def boundary_gap(scores: torch.Tensor, k: int) -> torch.Tensor:
     that compares top-k sets of two code paths compares them only where the gap is larger."""
     top = scores.double().topk(k + 1, dim=-1).values
     return (top[..., k - 1] - top[..., k]) / scores.double().abs().amax(-1).clamp_min(1e-30)
+
+
+@contextmanager
+def greedy_margins(model):
+    """Inside: every forward's last-position logits' gap between the largest and the second largest, relative
+    to the largest |logit|, appended (the smallest over the batch) to the yielded list. A greedy answer decided
+    by a gap below ``TIE`` is decided by rounding: two code paths (batched and one at a time, two kernels)
+    may then differ without a bug, so a test comparing their text first asserts every gap exceeds ``TIE``."""
+    margins: list[float] = []
+
+    def hook(module, args, output):
+        last = output[:, -1].double()
+        top = last.topk(2, dim=-1).values
+        margins.append(float(((top[:, 0] - top[:, 1]) / last.abs().amax(-1).clamp_min(1e-30)).min()))
+
+    handle = model.lm_head.register_forward_hook(hook)
+    try:
+        yield margins
+    finally:
+        handle.remove()
 
 
 def random_ids(n: int, seed: int = 0) -> torch.Tensor:
