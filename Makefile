@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test demo clean-venv
+.PHONY: test demo gpu-check clean-venv
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -21,6 +21,12 @@ test: $(STAMP)
 # cpu-quick computed afresh into results/demo/ (git-ignored), printed next to the committed results/cpu-quick/
 demo: $(STAMP)
 	$(PY) -m evaluation demo
+
+# the GPU check (docs/gpu-and-memory.md): in the environment that has the CUDA build of torch (not the
+# CPU venv above), e.g. `make gpu-check GPU_PY=.venv-gpu/bin/python`; `make gpu-check ARGS=--dry-run` on a CPU
+GPU_PY ?= python3
+gpu-check:
+	HF_HUB_OFFLINE=1 $(GPU_PY) -m evaluation gpu-check $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

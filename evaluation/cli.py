@@ -285,8 +285,13 @@ def _wrapped(text: str) -> str:
     return textwrap.fill(text, width=100, break_on_hyphens=False)
 
 
-DECODE_BATCH_HELP = ("configurations decoded side by side per example (1: kvpress's own decoding loop; larger is "
-                     "faster, the answers equal up to float rounding; memory grows with it)")
+DECODE_BATCH_HELP = ("configurations decoded side by side per example: 'auto' (default) sizes each batch from the "
+                     "free device memory, at most 16; 1: kvpress's own decoding loop; larger is faster, the answers "
+                     "equal up to float rounding; memory grows with it)")
+
+
+def _decode_batch(text: str):
+    return "auto" if text == "auto" else _positive_int("--decode-batch")(text)
 
 
 def _positive_int(name: str):
@@ -353,7 +358,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--out", required=True, help="results folder")
     r.add_argument("--shard", default=None, help="i/n: run only shard i of n (by example), e.g. for a job array")
     r.add_argument("--query-aware", action="store_true", help="append the question to the compressed context")
-    r.add_argument("--decode-batch", type=_positive_int("--decode-batch"), default=16, help=DECODE_BATCH_HELP)
+    r.add_argument("--decode-batch", type=_decode_batch, default="auto", help=DECODE_BATCH_HELP)
 
     m = add("merge", "join shard files into one results file")
     m.add_argument("--out", required=True, help="merged .jsonl file")
@@ -387,7 +392,7 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--reference", default=None, help="a results folder to print this run's averages next to")
     rp.add_argument("--shard", default=None, help="i/n: one shard (merge and report afterwards)")
     rp.add_argument("--query-aware", action="store_true", help="append the question to the compressed context")
-    rp.add_argument("--decode-batch", type=_positive_int("--decode-batch"), default=16, help=DECODE_BATCH_HELP)
+    rp.add_argument("--decode-batch", type=_decode_batch, default="auto", help=DECODE_BATCH_HELP)
 
     d = add("demo", "RULER (cpu-quick) and prose (a few essays) computed afresh, each next to its committed run")
     _model_option(d)
@@ -396,7 +401,7 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--prose-reference", default=PROSE_DEMO_REFERENCE, help="committed prose run to compare with")
     d.add_argument("--no-reference", action="store_true", help="do not compare")
     d.add_argument("--no-prose", action="store_true", help="the RULER part only")
-    d.add_argument("--decode-batch", type=_positive_int("--decode-batch"), default=16, help=DECODE_BATCH_HELP)
+    d.add_argument("--decode-batch", type=_decode_batch, default="auto", help=DECODE_BATCH_HELP)
 
     ps = add("presses", "the registered presses by origin and family, with their status")
     ps.add_argument("name", nargs="?", default=None, help="one press: its parts, settings and status")
@@ -411,6 +416,10 @@ def parser() -> argparse.ArgumentParser:
     add_parsers(add, _positive_int)
 
     sub.add_parser("bench", help="measurements: kvprob bench {speed,budget,oracle,fidelity} --help", add_help=False)
+    from evaluation.gpu_check.run import parser as gpu_check_parser
+
+    add("gpu-check", "the GPU path in one command, offline (--dry-run: the same steps on the CPU)",
+        parents=[gpu_check_parser(add_help=False)])
     return p
 
 
@@ -418,6 +427,10 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:
         return cmd_bench(None, argv[1:])
+    if argv[:1] == ["gpu-check"]:
+        from evaluation.gpu_check.run import main as gpu_check
+
+        return gpu_check(argv[1:])
     args = parser().parse_args(argv)
     args.argv = argv
     from evaluation.streaming.cli import cmd_stream, cmd_stream_report

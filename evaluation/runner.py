@@ -17,7 +17,7 @@ import torch
 from kvpress import BasePress, KVPressTextGenerationPipeline
 from tqdm.auto import tqdm
 
-from evaluation.engine import Compressed, Prefill, cache_summary, generate_batch
+from evaluation.engine import Compressed, Prefill, cache_summary, generate_batch, sizing
 from evaluation.metrics import score_example
 from evaluation.store import ResultStore, record_key, shard
 from kvpress_prob.registry import get_press, is_sampling
@@ -78,16 +78,20 @@ def run(
     data_dir: str,
     query_aware: bool = False,
     shard_spec: str | None = None,
-    decode_batch: int = 1,
+    decode_batch: int | str = 1,
     progress: bool = True,
+    free_memory=None,
 ) -> int:
     """Run every configuration on every example of this shard not yet in ``store``.
 
     Each finished (example, configuration) is appended to the store at once, so a killed run
     loses at most the ``decode_batch`` configurations in flight. Returns the number of results written.
+    ``decode_batch="auto"`` sizes each batch from the free device memory (``engine.sizing``;
+    ``free_memory(device)`` measures it, default ``sizing.free_bytes``).
     """
-    if decode_batch < 1:
-        raise ValueError(f"decode_batch must be >= 1, got {decode_batch}")
+    if decode_batch != "auto" and not (isinstance(decode_batch, int) and decode_batch >= 1):
+        raise ValueError(f"decode_batch must be >= 1 or 'auto', got {decode_batch!r}")
+    free_memory = free_memory or sizing.free_bytes
     pipe = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer)
     done = store.done_keys()
     rows = shard([row for _, row in examples.iterrows()], shard_spec, key=lambda row: row["example_id"])
@@ -111,6 +115,9 @@ def run(
         shared = Prefill(model, context_ids, [cfg.build() for cfg in cfgs])  # one prefill for every configuration
         answer = list(row["answer"])
         pending: list[tuple[Config, Compressed, float, int, float]] = []
+        full = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in zip(shared.keys, shared.values))
+        sizer = sizing.BatchSizer(decode_batch, free_memory(model.device), full,
+                                  question_ids.shape[1] + int(row["max_new_tokens"]), model.config.vocab_size)
 
         def record(cfg, prediction, realised, held, seconds):
             store.append([dict(
@@ -139,8 +146,11 @@ def run(
                 del cache
                 record(cfg, prediction, realised, held, time.perf_counter() - start)
             else:
-                pending.append((cfg, *_compressed(shared, cfg, n, take=True), time.perf_counter() - start))
-                if len(pending) == decode_batch:
+                item = (cfg, *_compressed(shared, cfg, n, take=True), time.perf_counter() - start)
+                if not sizer.fits([p[1] for p in pending], item[1]):
+                    flush()
+                pending.append(item)
+                if sizer.full(pending):
                     flush()
             written += 1
         if pending:

@@ -11,7 +11,8 @@ At a prefill, a wrapped function first checks the kvpress wrappers hooked on the
 (``wrappers.check_hooks``: one holding a SamplingPress it cannot run is refused). It runs the
 original unchanged unless the module's current forward carries a bias
 (``activate``d by ``kvpress_prob.correction``'s pre-hook for a cache compressed by a SamplingPress)
-and is not a prefill; then it runs ``corrected_sdpa``: softmax(q k / sqrt(d) + bias) over [stored
+and is not a prefill; then it runs ``corrected`` (``corrected_sdpa`` on a CPU, FlexAttention on CUDA
+and under flash attention: ``kvpress_prob.fused``): softmax(q k / sqrt(d) + bias) over [stored
 prefix | new tokens], the bias 0 on new tokens, which is
 
   out = [sum_kept w_i e^{s_i} v_i + sum_new e^{s_j} v_j] / [sum_kept w_i e^{s_i} + sum_new e^{s_j}]
@@ -30,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from kvpress_prob import wrappers
+from kvpress_prob import fused, wrappers
 
 _WRAPPED = "_kvprob_wrapped"  # on a wrapper function: marks it as ours
 _ACTIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # attention module -> bias of its running forward
@@ -55,40 +56,58 @@ def corrected_sdpa(
     """Attention with a per-entry bias on the stored prefix and a causal mask among new tokens.
 
     query (b, H_q, q, d); key, value (b, H_kv, k, d) = [S stored prefix entries | k - S new];
-    bias (b, H_kv, S). Returns (b, q, H_q, d), the layout transformers' attention functions return.
+    bias (b, H_kv, S). Returns (b, q, H_q, d) in the query's dtype, the layout transformers'
+    attention functions return. The SDPA route: the reference, and the route on a CPU.
     """
     b, hq, q_len, d = query.shape
     hkv, k_len = key.shape[1], key.shape[2]
     g = hq // hkv
     n_stored = bias.shape[-1]
     n_new = k_len - n_stored
+    out_dtype = query.dtype
     if n_new < q_len:
         raise RuntimeError(
             f"corrected attention expects the {q_len} new tokens after the {n_stored} stored ones, "
             f"got {k_len} keys: was the cache changed outside the press?"
         )
+    # The mask has the dtype the attention computes in, which is the query's: CUDA's memory-efficient
+    # kernel refuses a mask of another dtype (issue 25). A bias wider than the query (float32 beside
+    # bfloat16 / float16) is not rounded to the query's dtype: q, k and v are upcast to the bias's
+    # dtype and the output cast back, so the bias is added in float32 as bias_dtype="float32" promises
+    # (tests/test_mask_dtype.py: against float64, where a bfloat16-rounded bias is measurably worse).
+    # On CUDA the fused route (``kvpress_prob.fused``) adds it in float32 without any upcast copy.
+    dtype = torch.promote_types(query.dtype, bias.dtype)
+    if dtype != query.dtype:
+        query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
+    lowest = torch.finfo(dtype).min
     # causal among new tokens: query i sits at new-token index n_new - q_len + i
     i = torch.arange(q_len, device=query.device)[:, None]
     j = torch.arange(n_new, device=query.device)[None, :]
-    dtype = torch.promote_types(query.dtype, bias.dtype)  # a float32 bias is added in float32
-    lowest = torch.finfo(dtype).min
     new_mask = torch.zeros(q_len, n_new, dtype=dtype, device=query.device)
     new_mask.masked_fill_(j > i + (n_new - q_len), lowest)  # (q, n_new)
+    stored = torch.where(bias == torch.finfo(bias.dtype).min, lowest, bias.to(dtype))  # padding stays the lowest
     mask = torch.cat(
-        [bias.to(dtype)[:, :, None, :].expand(b, hkv, q_len, n_stored), new_mask.expand(b, hkv, q_len, n_new)],
+        [stored[:, :, None, :].expand(b, hkv, q_len, n_stored), new_mask.expand(b, hkv, q_len, n_new)],
         dim=-1,
     )  # (b, H_kv, q, k)
     # fold the query heads of a group into the query axis: head h*g + gi serves KV head h
     q = query.reshape(b, hkv, g * q_len, d)
     mask = mask[:, :, None].expand(b, hkv, g, q_len, k_len).reshape(b, hkv, g * q_len, k_len)
     out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)  # (b, H_kv, g*q, d)
+    out = out.to(out_dtype)
     return out.view(b, hq, q_len, d).transpose(1, 2).contiguous()
 
 
+def corrected(query, key, value, bias, scaling, implementation: str | None = None) -> torch.Tensor:
+    """The corrected attention on its route: fused (FlexAttention, ``kvpress_prob.fused``) on CUDA and
+    under a flash-attention implementation, else ``corrected_sdpa``."""
+    if fused.use_fused(query, implementation):
+        return fused.flex_corrected(query, key, value, bias, scaling)
+    return corrected_sdpa(query, key, value, bias, scaling)
 
 
-def wrap(func):
-    """Wrap one attention function with the correction (idempotent)."""
+def wrap(func, name: str | None = None):
+    """Wrap one attention function (registered as ``name``) with the correction (idempotent)."""
     if getattr(func, _WRAPPED, False):
         return func
 
@@ -103,7 +122,7 @@ def wrap(func):
             raise ValueError(
                 f"batch size {query.shape[0]} differs from the batch size {bias.shape[0]} the cache was compressed with"
             )
-        return corrected_sdpa(query, key, value, bias, kwargs.get("scaling")), None
+        return corrected(query, key, value, bias, kwargs.get("scaling"), name), None
 
     setattr(wrapper, _WRAPPED, True)
     return wrapper
@@ -114,7 +133,7 @@ def install() -> None:
     for name in list(ALL_ATTENTION_FUNCTIONS.keys()):
         func = ALL_ATTENTION_FUNCTIONS[name]
         if not getattr(func, _WRAPPED, False):
-            ALL_ATTENTION_FUNCTIONS[name] = wrap(func)
+            ALL_ATTENTION_FUNCTIONS[name] = wrap(func, name)
 
 
 def check_implementation(model) -> None:

@@ -23,8 +23,10 @@ class EagerObservedAttentionPress(ObservedAttentionPress):
 
     Eager attention materialises one layer's (H_q, n, n) weights, about H_q * n^2 * 4 bytes (137 GB
     for 32 heads at n = 32768). Above ``max_eager_bytes`` the press keeps the model's attention
-    implementation and computes the same scores from the prefill's queries, ``chunk_size`` rows at a
-    time (equal up to float rounding; ``prob_h2o`` samples from the same cumulative attention).
+    implementation (sdpa for a model loaded on eager, as kvpress's ``evaluate.py`` loads it for H2O:
+    no path builds the n x n weights) and computes the same scores from the prefill's queries,
+    ``chunk_size`` rows at a time (equal up to float rounding; ``prob_h2o`` samples from the same
+    cumulative attention). The decoding after the prefill runs on the model's own implementation.
 
     Parameters
     ----------
@@ -66,7 +68,10 @@ class EagerObservedAttentionPress(ObservedAttentionPress):
             if ids is None:
                 raise ValueError("EagerObservedAttentionPress: the decoder was called without input_ids or "
                                  "inputs_embeds, so the context length (eager or chunked scores) is unknown")
-            model.set_attn_implementation("eager" if self.eager_fits(model, ids.shape[1]) else previous)
+            if self.eager_fits(model, ids.shape[1]):
+                model.set_attn_implementation("eager")
+            else:  # chunked scores; a model loaded on eager (kvpress's evaluate.py does so for H2O) prefills on sdpa
+                model.set_attn_implementation(previous if previous != "eager" else "sdpa")
 
         handle = language_model(model).register_forward_pre_hook(choose, with_kwargs=True)
         try:

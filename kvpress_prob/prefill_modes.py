@@ -33,7 +33,9 @@ from transformers import DynamicCache
 from kvpress_prob import correction
 from kvpress_prob.samplers import Draw, Sampler
 
-PREFILL_MODES = ("recompute", "deferred", "offload")
+PREFILL_MODES = ("recompute", "deferred", "offload", "auto")
+#: "auto" defers on a CPU while the full K+V takes at most this share of the available host memory
+DEFERRED_SHARE = 0.5
 
 #: while ``"recompute"``'s real forward cuts its layers: (every layer's proposal, the memo of draws)
 _GLOBAL: ContextVar[tuple[dict, dict] | None] = ContextVar("kvpress_prob_global_draw", default=None)
@@ -42,6 +44,36 @@ _GLOBAL: ContextVar[tuple[dict, dict] | None] = ContextVar("kvpress_prob_global_
 def check_mode(prefill: str) -> None:
     if prefill not in PREFILL_MODES:
         raise ValueError(f"prefill must be one of {PREFILL_MODES}, got {prefill!r}")
+
+
+def host_available() -> int:
+    """Bytes of host memory available now (``MemAvailable``; the physical total where that is unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def resolve(prefill: str, device, kv_bytes: int) -> str:
+    """The mode a prefill of full K+V ``kv_bytes`` on ``device`` runs: ``prefill`` itself, or for
+    "auto" (the default; chosen by measurement, results/bench/prefill-default/): "offload" on CUDA (one
+    forward, the full K+V waiting in pinned host memory), "deferred" on a CPU when the full K+V takes
+    at most ``DEFERRED_SHARE`` of the available host memory, else "recompute" (one layer's full K+V
+    at a time, a second forward)."""
+    if prefill != "auto":
+        return prefill
+    device = torch.device(device)
+    if device.type == "cuda":
+        return "offload"
+    if device.type == "cpu" and kv_bytes <= DEFERRED_SHARE * host_available():
+        return "deferred"
+    return "recompute"
 
 
 def layer_seed(seed: int, layer_idx: int) -> int:

@@ -75,14 +75,16 @@ class SamplingPress(BasePress):
     bias_dtype : {"keys", "float32"}, default "keys"
         Precision of the stored correction bias: the keys' dtype, or float32 (the corrected attention
         then adds it in float32; docs/method.md, "Correction"; measured in results/bench/bf16/).
-    prefill : {"recompute", "deferred", "offload"}, default "recompute"
+    prefill : {"auto", "recompute", "deferred", "offload"}, default "auto"
         How a prefill under the global budget holds the cache until the draw (a per-layer or
         per-head budget never waits). "recompute": a first forward computes only the proposals
         (one layer's full keys and values alive at a time), the draw is made over all of them, and
         the real forward cuts each layer at its hook: the peak of a kvpress press, one more forward.
         "deferred": every layer's full keys and values wait on the device for the last layer.
         "offload": they wait in host memory (pinned, non-blocking copies on CUDA), and only the
-        kept entries come back; on a CPU it is "deferred". All three give the same kept sets and
+        kept entries come back; on a CPU it is "deferred". "auto" (``prefill_modes.resolve``, chosen
+        by measurement: results/bench/prefill-default/): "offload" on CUDA, "deferred" on a CPU whose
+        memory holds the full K+V, else "recompute". All give the same kept sets and
         weights for a seed. Inside a kvpress wrapper (``ComposedPress``, ``PrefillDecodingPress``),
         which owns the hooks, "recompute" runs as "deferred".
     """
@@ -95,7 +97,7 @@ class SamplingPress(BasePress):
     budget: str = "global"
     seed: int = 0
     bias_dtype: str = "keys"
-    prefill: str = "recompute"
+    prefill: str = "auto"
     stats: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     last_draw: Draw | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -216,8 +218,8 @@ class SamplingPress(BasePress):
                 self.evict(cache, {module: proposals[module]})
             return self.last_draw, self.stats
         pi = self.propose(module, kwargs)
-        if self.prefill == "offload":
-            layer = cache.layers[module.layer_idx]
+        layer = cache.layers[module.layer_idx]
+        if self._mode(layer.keys.device, 2 * layer.keys.numel() * layer.keys.element_size()) == "offload":
             self._devices[module] = layer.keys.device
             layer.keys, layer.values = prefill_modes.to_host(layer.keys), prefill_modes.to_host(layer.values)
         return pi
@@ -242,13 +244,19 @@ class SamplingPress(BasePress):
         """Forward pre-hook on the decoder stack: before a prefill under a global budget with
         ``prefill="recompute"``, a first forward computes every layer's proposal only."""
         if (self._collecting is not None or self.compression_ratio == 0 or self.budget != "global"
-                or self.prefill != "recompute"):
+                or self.prefill not in ("recompute", "auto")):
             return None
         inputs = kwargs.get("input_ids")
         inputs = inputs if inputs is not None else (args[0] if args else kwargs.get("inputs_embeds"))
         cache = kwargs.get("past_key_values")
         if inputs is None or inputs.shape[1] <= 1 or (cache is not None and cache.get_seq_length() > 0):
             return None  # not a prefill: the hooks will not evict
+        config = decoder.config
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        per_layer = 2 * inputs.shape[0] * config.num_key_value_heads * inputs.shape[1] * head_dim
+        element = next(decoder.parameters()).element_size()
+        if self._mode(inputs.device, per_layer * element) != "recompute":
+            return None
         self._collecting = {}
         try:
             proposals = prefill_modes.proposals_pass(decoder, args, kwargs, self._collecting)
@@ -261,6 +269,10 @@ class SamplingPress(BasePress):
                 f"layer {self._layers[-1]}: nothing was evicted")
         self._recomputed = (proposals, {})
         return None
+
+    def _mode(self, device, layer_bytes: int) -> str:
+        """The prefill mode this prefill runs (``prefill_modes.resolve``), a layer's K+V ``layer_bytes``."""
+        return prefill_modes.resolve(self.prefill, device, layer_bytes * max(1, len(self._layers)))
 
     def _abandon(self, why: str):
         done = [m.layer_idx for m in self._pending]

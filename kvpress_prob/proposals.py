@@ -29,6 +29,8 @@ from kvpress.utils import get_prerope_query_states
 from torch import nn
 from transformers.models.llama.modeling_llama import rotate_half
 
+from kvpress_prob import precision
+
 
 @dataclass(kw_only=True)
 class Proposal:
@@ -233,22 +235,25 @@ def attention_mass(
     rows = rows.to(keys.device)
     h = h.to(device=keys.device, dtype=torch.float32)
     ends = (rows + 1).tolist()
-    for lo in range(0, s, chunk_size):
-        hi = min(s, lo + chunk_size)
-        top = ends[hi - 1]  # rows lo..hi-1 see keys 0..top-1 at most (causal)
-        q = queries[:, :, lo:hi].float().reshape(b, hkv, g * (hi - lo), d)  # query heads of a group stacked
-        e = torch.matmul(q, k[..., :top]).mul_(scaling).view(b, hkv, g, hi - lo, top)  # (b, H_kv, g, c, top)
-        e.masked_fill_(positions[None, :top] > rows[lo:hi, None], float("-inf"))
-        e.sub_(e.amax(dim=-1, keepdim=True)).exp_()  # softmax numerators, in place
-        w = h[lo:hi] / e.sum(dim=-1)  # (b, H_kv, g, c): h_r / softmax denominator
-        mass[..., :top] += torch.matmul(w[..., None, :], e)  # (b, H_kv, g, 1, top)
+    with precision.fast_matmul(keys.device):  # TF32 on CUDA (kvpress_prob.precision: its tolerance, tested)
+        for lo in range(0, s, chunk_size):
+            hi = min(s, lo + chunk_size)
+            top = ends[hi - 1]  # rows lo..hi-1 see keys 0..top-1 at most (causal)
+            q = queries[:, :, lo:hi].float().reshape(b, hkv, g * (hi - lo), d)  # query heads of a group stacked
+            e = torch.matmul(q, k[..., :top]).mul_(scaling).view(b, hkv, g, hi - lo, top)  # (b, H_kv, g, c, top)
+            e.masked_fill_(positions[None, :top] > rows[lo:hi, None], float("-inf"))
+            e.sub_(e.amax(dim=-1, keepdim=True)).exp_()  # softmax numerators, in place
+            w = h[lo:hi] / e.sum(dim=-1)  # (b, H_kv, g, c): h_r / softmax denominator
+            mass[..., :top] += torch.matmul(w[..., None, :], e)  # (b, H_kv, g, 1, top)
     return mass.view(b, hq, n)
 
 
-def chunk_rows(keys: torch.Tensor, n_query_heads: int, n_layers: int, fraction: float = 1 / 32) -> int:
+def chunk_rows(keys: torch.Tensor, n_query_heads: int, n_layers: int, fraction: float | None = None) -> int:
     """Query rows per chunk such that one (b, H_q, rows, n) float32 buffer is at most ``fraction``
     of the model's full K+V (n_layers * 2 * b * H_kv * n * d * element size, from one layer's
-    ``keys``): the rows do not depend on n, since both grow with it."""
+    ``keys``): the rows do not depend on n, since both grow with it. Default 1/8 on CUDA (larger
+    matmuls keep the device busy), 1/32 elsewhere."""
+    fraction = fraction if fraction is not None else (1 / 8 if keys.is_cuda else 1 / 32)
     b, hkv, n, d = keys.shape
     kv_bytes = n_layers * 2 * b * hkv * n * d * keys.element_size()
     return max(1, int(fraction * kv_bytes / (b * n_query_heads * n * 4)))

@@ -135,3 +135,44 @@ def test_runner_over_two_gpus_matches_one_gpu(tmp_path, tokenizer):
     key = ["press", "seed"]
     a, b = (s.load().set_index(key).prediction.sort_index() for s in stores)
     assert a.equals(b)
+
+
+@pytest.mark.parametrize("dtype,bias_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                              (torch.bfloat16, torch.float32)], ids=["fp32", "bf16", "bf16-biasfp32"])
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_fused_and_sdpa_routes_on_cuda_match_float64(dtype, bias_dtype, q_len):
+    """Issue 27: the compiled FlexAttention route and the SDPA route (its mask in the query's dtype,
+    which CUDA's memory-efficient kernel requires: issue 25) against the float64 reference."""
+    from test_fused import TOL, case, reference
+
+    from kvpress_prob import attention, fused
+
+    query, key, value, bias = (x.cuda() for x in case(dtype, bias_dtype, q_len))
+    want = reference(query.cpu(), key.cpu(), value.cpu(), bias.cpu())
+    for route in (fused.flex_corrected, attention.corrected_sdpa):
+        got = route(query, key, value, bias, None)
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.double().cpu(), want, atol=TOL[dtype], rtol=0)
+
+
+@pytest.mark.parametrize("mode", ["fused", "sdpa"])
+def test_a_float32_bias_decodes_in_bfloat16_on_cuda(mode):
+    """Issue 25 item 2 on the device: a bias_dtype="float32" SamplingPress decodes a bfloat16 model
+    on either route (the SDPA route used to hand the memory-efficient kernel a float32 mask)."""
+    from transformers import DynamicCache
+
+    from kvpress_prob import SamplingPress, fused
+
+    model = tiny_model("llama", dtype=torch.bfloat16).to("cuda")
+    ids = random_ids(40).cuda()
+    cache = DynamicCache()
+    fused.set_mode(mode)
+    try:
+        with torch.no_grad():
+            with SamplingPress(compression_ratio=0.5, bias_dtype="float32")(model):
+                model.model(ids[:, :32], past_key_values=cache)
+            for t in range(32, 40):
+                logits = model(ids[:, t:t + 1], past_key_values=cache, position_ids=torch.tensor([[t]], device="cuda")).logits
+        assert torch.isfinite(logits).all()
+    finally:
+        fused.set_mode("auto")

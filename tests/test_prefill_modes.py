@@ -294,9 +294,32 @@ def test_a_failed_prefill_under_recompute_leaves_nothing():
 
 
 def test_bad_mode_and_budget_are_refused_with_the_accepted_values():
-    with pytest.raises(ValueError, match=r"prefill must be one of \('recompute', 'deferred', 'offload'\), got 'lazy'"):
+    with pytest.raises(ValueError, match=r"prefill must be one of \('recompute', 'deferred', 'offload', 'auto'\), got 'lazy'"):
         SamplingPress(compression_ratio=0.5, prefill="lazy")
     with pytest.raises(ValueError, match=r"budget must be one of \('global', 'layer', 'head'\), got 'model'"):
         SamplingPress(compression_ratio=0.5, budget="model")
     with pytest.raises(ValueError, match="prefill must be one of"):
         get_press("prob_min_h", 0.5, prefill="later")
+
+
+def test_auto_offloads_on_cuda_defers_on_a_cpu_that_holds_the_cache_and_recomputes_otherwise(monkeypatch):
+    """Issue 27 item 2: the default prefill runs the model once wherever the full K+V fits."""
+    from kvpress_prob import prefill_modes
+
+    monkeypatch.setattr(prefill_modes, "host_available", lambda: 8 * 2**30)
+    assert prefill_modes.resolve("auto", "cuda", 100 * 2**30) == "offload"
+    assert prefill_modes.resolve("auto", "cpu", 4 * 2**30) == "deferred"
+    assert prefill_modes.resolve("auto", "cpu", 4 * 2**30 + 1) == "recompute"
+    assert prefill_modes.resolve("recompute", "cuda", 1) == "recompute"
+    assert SamplingPress(compression_ratio=0.5).prefill == "auto"
+    model = tiny_model("llama")
+    runs = []
+    handle = model.model.layers[0].self_attn.register_forward_hook(lambda *a: runs.append(1))
+    try:
+        prefill(model, SamplingPress(compression_ratio=0.5), random_ids(N))  # the default, on this CPU: one forward
+        assert len(runs) == 1
+        monkeypatch.setattr(prefill_modes, "host_available", lambda: 1000)  # the K+V does not fit: recompute
+        prefill(model, SamplingPress(compression_ratio=0.5), random_ids(N))
+        assert len(runs) == 3
+    finally:
+        handle.remove()

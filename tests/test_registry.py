@@ -25,7 +25,7 @@ REMOVED: dict[str, str] = {name: "priority over widened spans: biased weights, r
 #: Classes that moved module since the snapshot: old path -> new path.
 MOVED = {"kvpress_prob.registry.EagerObservedAttentionPress": "kvpress_prob.h2o.EagerObservedAttentionPress"}
 #: Init fields added to a class since the snapshot: name -> why (a new field is ignored only if named here).
-NEW_FIELDS: dict[str, str] = {"prefill": "issue 21: the global-budget prefill mode (recompute by default); the draw and kept set of deferred"}
+NEW_FIELDS: dict[str, str] = {"prefill": "issue 21: the global-budget prefill mode (auto by default, issue 27); the draw and kept set of deferred"}
 
 
 def moved(node):

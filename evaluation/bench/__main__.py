@@ -33,7 +33,8 @@ QUICK_INTO_SUBFOLDER = {"fidelity", "shared-prefill"}  # their --quick output go
 # CLI name -> module with its own ``main(argv)`` and parser (``python -m evaluation.bench <name> --help``)
 OWN_PARSERS = {"decompose": "evaluation.bench.decompose", "bf16": "evaluation.bench.bf16",
                "sampled-rows": "evaluation.bench.sampled_rows", "attention": "evaluation.bench.attention",
-               "decoding": "evaluation.bench.decoding", "decode-speed": "evaluation.bench.speed.decoding"}
+               "decoding": "evaluation.bench.decoding", "decode-speed": "evaluation.bench.speed.decoding",
+               "prefill-default": "evaluation.bench.speed.prefill_default"}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,7 +3,8 @@
 - ``prefill``: planning and the shared prefill (``Plan``, ``plan``, ``Prefill``, ``ReplayedScores``,
   ``hooked_prefill``, ``press_prefill``) and what a compressed cache holds (``cache_summary``);
 - ``batch``: the batched cache and decoding (``Compressed``, ``RoomyLayer``, ``stack``, ``generate_batch``);
-- ``forced``: teacher forcing (``teacher_forced``).
+- ``forced``: teacher forcing (``teacher_forced``);
+- ``sizing``: the decode batch sized from the free device memory (``BatchSizer``, ``free_bytes``).
 """
 
 from evaluation.engine.batch import Compressed, RoomyLayer, generate_batch, stack

@@ -16,7 +16,8 @@ real prefill: compression happens after a layer's attention, so no layer's input
 layer's compression. H2O reads eager attention weights: one eager prefill per example keeps each
 layer's scores (kvpress's own ``ObservedAttentionPress.score``) and its keys and values (they differ
 from sdpa's in the last bits), unless its eager attention would exceed the press's
-``max_eager_bytes`` (its scores are then computed in chunks in the shared prefill). A press of any
+``max_eager_bytes`` (its scores are then computed in chunks in the shared prefill; kvpress's own
+``ObservedAttentionPress`` too, above the default 4 GiB: no path builds the n x n weights). A press of any
 other family is compressed by a prefill under it (``press_prefill``).
 """
 
@@ -109,8 +110,9 @@ def plan(model, press: BasePress | None, n: int) -> Plan:
         return Plan("sampling", ("proposal", repr(press.proposal_at_ratio)),
                     lambda module, kwargs, output: press.propose(module, kwargs))
     if isinstance(press, ObservedAttentionPress) and _standard_scorer(press):
-        if isinstance(press, EagerObservedAttentionPress) and not press.eager_fits(model, n):
-            return Plan("scores", _scores_key(press), _score_of(press))  # computed in chunks on sdpa
+        ours = press if isinstance(press, EagerObservedAttentionPress) else EagerObservedAttentionPress()
+        if not ours.eager_fits(model, n):  # kvpress's own press too: no n x n weights (issue 27 item 4)
+            return Plan("scores", _scores_key(ours), _score_of(ours))  # computed in chunks on sdpa
         return Plan("eager", ("eager",))
     if _standard_scorer(press):
         return Plan("scores", _scores_key(press), _score_of(press))
@@ -120,9 +122,16 @@ def plan(model, press: BasePress | None, n: int) -> Plan:
 
 
 @torch.no_grad()
-def hooked_prefill(model, layers, context_ids: torch.Tensor, on_layer) -> DynamicCache:
+def hooked_prefill(model, layers, context_ids: torch.Tensor, on_layer, max_eager_bytes: float = 2**32) -> DynamicCache:
     """A full-cache prefill calling ``on_layer(module, kwargs, output)`` at each attention layer's
-    forward (its hook inputs are not kept)."""
+    forward (its hook inputs are not kept). On eager attention, refused above ``max_eager_bytes`` of
+    one layer's (b, H_q, n, n) float32 weights (issue 27 item 4: no path builds what does not fit)."""
+    need = EagerObservedAttentionPress.eager_bytes(model, context_ids.shape[1], context_ids.shape[0])
+    if model.config._attn_implementation == "eager" and need > max_eager_bytes:
+        raise ValueError(
+            f"an eager prefill of {context_ids.shape[1]} tokens builds {need / 2**30:.1f} GiB of attention weights per "
+            f"layer, above max_eager_bytes={max_eager_bytes:.0f}: load the model with attn_implementation='sdpa' "
+            f"(H2O's scores are then computed in chunks) or raise max_eager_bytes")
     rotary = language_model(model).rotary_emb
     cache = DynamicCache()
     hooks = []
@@ -214,7 +223,8 @@ class Prefill:
             self.model.set_attn_implementation("eager")
             try:
                 cache = hooked_prefill(self.model, self.layers, self.context_ids, lambda module, kwargs, output: (
-                    scores.__setitem__(module.layer_idx, _score_of(scorer)(module, kwargs, output))))
+                    scores.__setitem__(module.layer_idx, _score_of(scorer)(module, kwargs, output))),
+                    max_eager_bytes=float("inf"))  # ``plan`` chose it: the press's max_eager_bytes allows it
             finally:
                 self.model.set_attn_implementation(previous)
             self.prefills += 1

@@ -1,0 +1,127 @@
+"""The GPU check's measurements, each one callable on any device (the dry run calls them on a CPU).
+
+- ``accuracy``: the corrected attention (fused and SDPA routes) against float64, at a model's head
+  shapes, bf16 q/k/v with a float32 compounding bias and padding; the O(n^2) proposal's mass (TF32 on
+  CUDA) against float64 within ``precision.TF32_TOLERANCE``;
+- ``kernels``: which kernels (CUDA) or operators (CPU) a callable runs, from the profiler;
+- ``prefill``: one timed prefill under a press, its peak memory above the start;
+- ``decode``: decode steps of several variants in lockstep, median step time of each.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import torch
+from transformers import DynamicCache
+
+from evaluation.bench import common
+from kvpress_prob import attention, correction, fused, precision
+from kvpress_prob.proposals import attention_mass
+
+BF16_TOL = 2**-7  # bfloat16 output rounding (2^-9 of |out| <= ~2) plus its inputs'
+
+
+def _dense(query, key, value, bias):
+    """softmax(q k / sqrt d + [bias | 0]) v in float64 for one decoding query: (b, 1, H_q, d)."""
+    b, hq, _, d = query.shape
+    hkv, k_len, s = key.shape[1], key.shape[2], bias.shape[-1]
+    g = hq // hkv
+    q = query.double().view(b, hkv, g, d)
+    logits = torch.einsum("bhgd,bhkd->bhgk", q, key.double()) / math.sqrt(d)
+    added = torch.zeros(b, hkv, k_len, dtype=torch.float64, device=key.device)
+    added[..., :s] = torch.where(correction.is_padding(bias), -math.inf, bias.double())
+    p = torch.softmax(logits + added[:, :, None], -1)
+    return torch.einsum("bhgk,bhkd->bhgd", p, value.double()).reshape(b, 1, hq, d)
+
+
+def accuracy(hq: int, hkv: int, d: int, n: int, device, seed: int = 0) -> dict:
+    """Max |error| against float64 of the fused and SDPA routes (bf16 q/k/v, float32 bias) and the
+    TF32 proposal's total variation; each with its tolerance and whether it holds."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    query = torch.randn(1, hq, 1, d, generator=g).to(device, torch.bfloat16)
+    key = torch.randn(1, hkv, n + 1, d, generator=g).to(device, torch.bfloat16)
+    value = torch.randn(1, hkv, n + 1, d, generator=g).to(device, torch.bfloat16)
+    q1, q2 = (torch.rand(1, hkv, n, generator=g) * 0.9 + 0.05 for _ in range(2))
+    bias = (-torch.log(q1) - torch.log(q2)).to(device)  # a bias compounded over two rounds, float32
+    bias[..., n - n // 8:] = correction.padding(torch.float32)  # padding at the end of every head
+    want = _dense(query, key, value, bias)
+    out = {}
+    for route, fn in (("fused", fused.flex_corrected), ("sdpa", attention.corrected_sdpa)):
+        got = fn(query, key, value, bias, None)
+        error = float((got.double() - want).abs().max())
+        out[f"corrected_{route}_bf16_max_error"] = {"value": error, "tolerance": BF16_TOL, "ok": error <= BF16_TOL}
+    m = min(n, 1024)  # the proposal: every row of a 1024-token prefix, float64 reference dense
+    qs = (2.0 * torch.randn(1, hq, m, d, generator=g)).to(device)
+    ks = torch.randn(1, hkv, m, d, generator=g).to(device)
+    h = (1.0 / torch.arange(m, 0, -1).double()).to(device)
+    mass = attention_mass(qs, torch.arange(m, device=device), ks, h, 1 / math.sqrt(d), chunk_size=256)
+    logits = torch.einsum("bhrd,bhkd->bhrk", qs.double(), ks.double().repeat_interleave(hq // hkv, 1)) / math.sqrt(d)
+    logits = logits.masked_fill(torch.ones(m, m, dtype=torch.bool, device=device).triu(1), -math.inf)
+    ref = (h[None, None, :, None] * torch.softmax(logits, -1)).sum(2)
+    tv = precision.total_variation(mass, ref)
+    out["proposal_mass_total_variation"] = {"value": tv, "tolerance": precision.TF32_TOLERANCE,
+                                            "ok": tv <= precision.TF32_TOLERANCE,
+                                            "matmul": "tf32" if torch.device(device).type == "cuda" else "float32"}
+    return out
+
+
+def kernels(fn, device, top: int = 6) -> list[str]:
+    """Names of the ``top`` kernels (CUDA) or operators (CPU) by self time while ``fn()`` runs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.device(device).type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        fn()
+        common.synchronize(torch.device(device))
+    events = prof.key_averages()
+    if cuda:
+        rows = [(e.self_device_time_total, e.key) for e in events if e.self_device_time_total > 0]
+    else:
+        rows = [(e.self_cpu_time_total, e.key) for e in events if e.key.startswith("aten::")]
+    return [name for _, name in sorted(rows, reverse=True)[:top]]
+
+
+@torch.no_grad()
+def prefill(model, ids: torch.Tensor, label: str, ratio: float) -> tuple[DynamicCache, dict]:
+    """One prefill under ``label`` (a registry name, ``name[field=value]``, or "full"): its cache and
+    {seconds, peak_extra_bytes}."""
+    from evaluation.bench.memory.child import press_config
+    from evaluation.engine import press_prefill
+
+    press = None if label == "full" else press_config(label, ratio).build()
+    with common.PeakMemory(model.device) as memory, common.Stopwatch(model.device) as watch:
+        cache = press_prefill(model, ids, press)
+    return cache, {"seconds": watch.wall, "peak_extra_bytes": memory.extra_bytes, "peak_method": memory.method}
+
+
+def plain_copy(cache) -> DynamicCache:
+    """The same keys and values in a new cache without any correction bias (plain attention)."""
+    plain = DynamicCache()
+    for i, layer in enumerate(cache.layers):
+        plain.update(layer.keys.clone(), layer.values.clone(), i)
+    return plain
+
+
+@torch.no_grad()
+def decode(model, variants: dict, n: int, steps: int, warmup: int = 2) -> dict:
+    """Decode ``variants`` (name -> (cache, attn_implementation, fused mode)) in lockstep, one token
+    per step at position n + i; returns name -> {median_step_ms, steps}."""
+    times = {name: [] for name in variants}
+    token = torch.tensor([[5]], device=model.device)
+    previous = model.config._attn_implementation
+    try:
+        for i in range(warmup + steps):
+            for name, (cache, implementation, mode) in variants.items():
+                model.set_attn_implementation(implementation)
+                fused.set_mode(mode)
+                with common.Stopwatch(model.device) as watch:
+                    model(input_ids=token, past_key_values=cache, position_ids=torch.tensor([[n + i]], device=model.device))
+                if i >= warmup:
+                    times[name].append(watch.wall)
+    finally:
+        fused.set_mode("auto")
+        model.set_attn_implementation(previous)
+    return {name: {"median_step_ms": 1e3 * statistics.median(t), "steps": len(t)} for name, t in times.items()}

@@ -1,0 +1,53 @@
+"""The GPU check's markdown: accuracy, kernels, prefill against snapkv, decode against plain."""
+
+from __future__ import annotations
+
+import statistics
+
+
+def _decode_ratios(rows: list[dict]) -> list[tuple]:
+    """(model, n, corrected fused / plain same kept set, corrected fused / full sdpa, / full FA2)."""
+    out = []
+    for model, n in sorted({(r["model"], r["n"]) for r in rows}):
+        at = {r["variant"]: r["median_step_ms"] for r in rows if r["model"] == model and r["n"] == n}
+        fused = at.get("prob_snapkv corrected, fused")
+        if fused is None:
+            continue
+        ratio = lambda key: fused / at[key] if key in at else None  # noqa: E731
+        out.append((model, n, ratio("prob_snapkv same kept set, plain sdpa"), ratio("full, sdpa"),
+                    ratio("full, flash_attention_2")))
+    return out
+
+
+def _f(x, digits=3):
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def markdown(report: dict) -> str:
+    steps = report["steps"]
+    lines = [f"# GPU check: {report['device']}" + (" (DRY RUN on the CPU, shrunk models)" if report["dry_run"] else ""),
+             "", f"torch {report['torch']}, CUDA {report['cuda']}, flash_attn installed: {report['flash_attn']}; "
+             f"lengths {report['lengths']}; r = {report['ratio']}; {report['elapsed_s']:.0f} s.",
+             f"Skipped for the time budget: {', '.join(report['skipped']) or 'nothing'}.", "",
+             f"tests/test_cuda.py: {steps['pytest']}", "", "## Accuracy against float64", "",
+             "| model | check | value | tolerance | ok |", "| :--- | :--- | ---: | ---: | :--- |"]
+    for model, checks in steps["accuracy"].items():
+        for name, c in checks.items():
+            lines.append(f"| {model} | {name} | {c['value']:.2e} | {c['tolerance']:.2e} | {c['ok']} |")
+    lines += ["", "## Decode step: corrected (fused) over ...", "",
+              "| model | n | plain, same kept set (target <= 1.10) | full cache, SDPA | full cache, FA2 |",
+              "| :--- | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {m} | {n} | {_f(a)} | {_f(b)} | {_f(c)} |" for m, n, a, b, c in _decode_ratios(steps["decode"])]
+    lines += ["", "| model | n | variant | median step ms |", "| :--- | ---: | :--- | ---: |"]
+    lines += [f"| {r['model']} | {r['n']} | {r['variant']} | {r['median_step_ms']:.2f} |" for r in steps["decode"]]
+    lines += ["", "## Prefill against snapkv (peak: above the start; target peak - snapkv's <= 0.10 K+V)", "",
+              "| model | n | press | s | time / snapkv | peak MiB | (peak - snapkv) / K+V |",
+              "| :--- | ---: | :--- | ---: | ---: | ---: | ---: |"]
+    for r in steps["prefill"]:
+        ref = [s["seconds"] for s in steps["prefill"] if (s["model"], s["n"], s["press"]) == (r["model"], r["n"], "snapkv")]
+        lines.append(f"| {r['model']} | {r['n']} | {r['press']} | {r['seconds']:.2f} | "
+                     f"{_f(r['seconds'] / statistics.median(ref) if ref else None)} | {r['peak_extra_bytes'] / 2**20:.0f} | "
+                     f"{_f(r.get('peak_minus_snapkv_over_kv'))} |")
+    lines += ["", "## Kernels of one decoding step (top by self time)", ""]
+    lines += [f"- {k}: {', '.join(v)}" for k, v in steps["kernels"].items()]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,40 @@
+"""``kvprob gpu-check --dry-run`` runs end to end on the CPU with shrunk models (issue 27 item 5), and
+the shipped configs are the paper's models' shapes."""
+
+import json
+
+import pytest
+
+from evaluation.cli import main as kvprob
+from evaluation.gpu_check import models
+
+
+def test_dry_run_end_to_end(tmp_path):
+    kvprob(["gpu-check", "--dry-run", "--out", str(tmp_path), "--lengths", "96", "--decode-steps", "2",
+            "--presses", "snapkv", "prob_snapkv", "prob_min_h_s256", "h2o"])
+    report = json.loads((tmp_path / "cpu-dry-run" / "gpu-check.json").read_text())
+    steps = report["steps"]
+    assert report["dry_run"] and not report["skipped"]
+    for model in ("llama-3.2-3b", "qwen3-4b"):
+        assert all(check["ok"] for check in steps["accuracy"][model].values()), steps["accuracy"][model]
+        assert {r["press"] for r in steps["prefill"] if r["model"] == model} == {"snapkv", "prob_snapkv", "prob_min_h_s256", "h2o"}
+        variants = {r["variant"] for r in steps["decode"] if r["model"] == model}
+        assert {"full, sdpa", "prob_snapkv corrected, fused", "prob_snapkv corrected, sdpa mask",
+                "prob_snapkv same kept set, plain sdpa", "snapkv, plain sdpa"} <= variants
+        # the profiler names what each path runs: on the CPU the fused route's eager FlexAttention
+        # computes its scores with matmuls, the SDPA routes call scaled_dot_product_attention
+        assert any("scaled_dot_product" in k for k in steps["kernels"][f"{model}: full, sdpa"])
+        assert not any("scaled_dot_product" in k for k in steps["kernels"][f"{model}: prob_snapkv corrected, fused"])
+    text = (tmp_path / "cpu-dry-run" / "gpu-check.md").read_text()
+    assert "DRY RUN" in text and "## Accuracy against float64" in text and "## Kernels" in text
+
+
+@pytest.mark.parametrize("name,shape", [("llama-3.2-3b", (28, 3072, 24, 8, 128, 8192, 128256)),
+                                        ("qwen3-4b", (36, 2560, 32, 8, 128, 9728, 151936))])
+def test_shipped_configs_have_the_papers_shapes(name, shape):
+    c = models.config(name)
+    assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+            c.intermediate_size, c.vocab_size) == shape
+    assert c.tie_word_embeddings
+    with pytest.raises(ValueError, match="model must be one of"):
+        models.config("llama-70b")
