@@ -82,8 +82,12 @@ def prose_comparison_markdown(run_path: Path | str, reference_path: Path | str) 
     both = both.rename(columns={"press": "method", "compression_ratio": "ratio", "kl_run": "this run",
                                 "kl_ref": "reference"})
     windows = f"{run['example_id'].nunique()} windows here, {reference['example_id'].nunique()} in the reference"
+    same = both["difference"].dropna()
+    agreement = (f"{int((same.abs() < 1e-9).sum())} of {len(both)} (method, ratio) mean KLs are equal"
+                 if len(same) else "no (method, ratio) in common")
     return "\n".join([
         f"## Prose: this run ({run_path}) next to the reference ({reference_path})\n",
         f"### Mean KL(full || press) per scored token, nats (lower is better; {windows})\n",
         markdown_table(both.assign(ratio=both["ratio"].map("{:g}".format)), index=False, float_format="{:.4f}"),
+        f"\n{agreement}.",
     ])

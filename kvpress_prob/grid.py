@@ -168,6 +168,16 @@ def press_name(parts: Parts) -> str:
     return "_".join(words + list(parts.options))
 
 
+def _names(kind: str):
+    """The scorers or proposals a name of ``kind`` may start with."""
+    return {"kvpress": [*SCORERS, "h2o"], "adakv": list(SCORERS), "adaptive": list(SCORERS)}.get(kind, PROPOSALS)
+
+
+def _longest(names, words: list[str]) -> str | None:
+    """The longest of ``names`` that ``words`` start with (how a name is read)."""
+    return max((p for p in names if words[: p.count("_") + 1] == p.split("_")), key=len, default=None)
+
+
 def parse_name(name: str) -> Parts:
     """The parts of a press name; a ``ValueError`` naming the wrong part and listing the valid ones."""
     words = name.split("_")
@@ -178,8 +188,8 @@ def parse_name(name: str) -> Parts:
         kind = "adaptive"
     else:
         kind = "kvpress"
-    names = {"kvpress": [*SCORERS, "h2o"], "adakv": list(SCORERS), "adaptive": list(SCORERS)}.get(kind, PROPOSALS)
-    proposal = max((p for p in names if words[: p.count("_") + 1] == p.split("_")), key=len, default=None)
+    names = _names(kind)
+    proposal = _longest(names, words)
     if proposal is None:
         _refuse(name, f"{'_'.join(words)!r} starts with no {'scorer' if names is not PROPOSALS else 'proposal'} "
                       f"of kind {kind!r}")
@@ -213,6 +223,11 @@ def check(parts: Parts, name: str | None = None) -> None:
     for option, key in zip(parts.options, keys):
         if kind not in OPTIONS[key][2]:
             _refuse(name, f"option {option!r} does not apply to kind {kind!r}")
+    read = _longest(_names(kind), press_name(parts).removeprefix(PREFIXES.get(kind, "")).split("_"))
+    if read != parts.proposal:  # e.g. min_h + s256 is written prob_min_h_s256, the name of proposal min_h_s256
+        _refuse(name, f"proposal {parts.proposal!r} with options {list(parts.options)} is written like proposal "
+                      f"{read!r}, so the name would read back as another press; build this one directly "
+                      f"(SamplingPress(proposal=..., sampler=...))")
     if kind in ("kvpress", "adakv", "adaptive") and parts.unit != "token":
         _refuse(name, f"kind {kind!r} keeps tokens, not {parts.unit!r}")
     if kind == "adakv" and KVPRESS_WRAPPED.get(parts.proposal) == "adakv":

@@ -63,8 +63,11 @@ class EagerObservedAttentionPress(ObservedAttentionPress):
         previous = model.config._attn_implementation
 
         def choose(module, args, kwargs):  # before the decoder runs: the context length is known
-            ids = kwargs.get("input_ids")
+            ids = kwargs.get("input_ids", args[0] if args else None)  # the decoder's first parameter
             ids = kwargs.get("inputs_embeds") if ids is None else ids
+            if ids is None:
+                raise ValueError("EagerObservedAttentionPress: the decoder was called without input_ids or "
+                                 "inputs_embeds, so the context length (eager or chunked scores) is unknown")
             if self.eager_fits(model, ids.shape[1]):
                 model.set_attn_implementation("eager")
             else:  # chunked scores; a model loaded on eager (kvpress's evaluate.py does so for H2O) prefills on sdpa

@@ -25,6 +25,7 @@ from typing import Callable
 from kvpress import BasePress
 
 from kvpress_prob.catalogue import NAMED, Entry, entries
+from kvpress_prob.decoding import DECODING_PRESSES
 from kvpress_prob.grid import build, parse_name
 from kvpress_prob.press import SamplingPress
 from kvpress_prob.samplers import PoissonSampler, Sampler, TopKSampler
@@ -89,6 +90,10 @@ def factory(name: str) -> Callable[[float], BasePress]:
     """The factory of a registered name, or of any valid grid name (``parse_name`` refuses the rest)."""
     if name in PRESSES:
         return PRESSES[name]
+    if name in DECODING_PRESSES:
+        raise ValueError(f"press name {name!r} is a decoding press (it compresses while generating, to a target "
+                         f"size, not at a compression ratio): build it with kvpress_prob.get_decoding_press("
+                         f"{name!r}, target_size, compression_interval)")
     parts = parse_name(name)
     return lambda ratio: build(parts, ratio)
 

@@ -197,6 +197,8 @@ def test_prose_comparison_puts_mean_kl_side_by_side(tmp_path):
     text = prose_comparison_markdown(run, ref)
     assert "| prob_min_h | 0.5 | 0.4000 | 0.1000 | 0.3000 |" in text.replace("  ", " ")
     assert "snapkv" in text and "2 windows here, 1 in the reference" in text
+    assert "0 of 2 (method, ratio) mean KLs are equal" in text
+    assert "1 of 1 (method, ratio) mean KLs are equal" in prose_comparison_markdown(run, run)
 
 
 def test_demo_prose_runs_the_prose_preset_afresh_and_compares(monkeypatch, tmp_path, capsys):

@@ -138,7 +138,34 @@ def earlier_lengths(model, press, ids, first_forward=False) -> list[list[int]]:
 # --- budget="global": recompute, deferred, offload --------------------------------------------------
 
 @pytest.mark.parametrize("name", ["prob_min_h", "prob_snapkv", "prob_min_h_priority"])
-def test_recompute_and_offload_equal_deferred_bit_for_bit(model, name):
+def test_recompute_and_offload_equal_deferred_bit_for_bit(model, name, monkeypatch):
+    """The three modes keep the same sets, weights, caches and greedy answer. On a CPU ``to_host`` returns the
+    tensor itself, so offload would run deferred's path twice: here it returns a distinct copy (as the pinned
+    host copy on CUDA is), and the test checks that every layer's full keys and values went through it, that
+    the draw and the cut ran on those copies (the cache held them), and that ``bring_back`` was called for
+    every layer. The device transfer and the lower peak are checked on CUDA
+    (``test_offload_lowers_the_cuda_peak_and_equals_deferred``)."""
+    import kvpress_prob.prefill_modes as modes
+
+    copies, held, brought = [], [], []
+
+    def distinct_copy(tensor):
+        copies.append(tensor.clone())
+        return copies[-1]
+
+    def spy_evict(self, cache, pending):
+        if self.prefill == "offload":
+            held.append([t for layer in cache.layers for t in (layer.keys, layer.values)])
+        return evict(self, cache, pending)
+
+    def spy_bring_back(cache, modules, devices):
+        brought.append([m.layer_idx for m in modules])
+        return bring_back(cache, modules, devices)
+
+    evict, bring_back = SamplingPress.evict, modes.bring_back
+    monkeypatch.setattr(modes, "to_host", distinct_copy)
+    monkeypatch.setattr(SamplingPress, "evict", spy_evict)
+    monkeypatch.setattr(modes, "bring_back", spy_bring_back)
     ids = random_ids(N, seed=3)
     out = {}
     for mode in PREFILL_MODES:
@@ -154,6 +181,10 @@ def test_recompute_and_offload_equal_deferred_bit_for_bit(model, name):
         assert {**s, "realised_ratio": 0} == {**stats, "realised_ratio": 0}  # kept, stored, bytes, the design's figures
         for x, y in zip(c.layers, cache.layers):
             assert torch.equal(x.keys, y.keys) and torch.equal(x.values, y.values)
+    layers = len(cache.layers)
+    assert [c.shape[2] for c in copies] == [N] * (2 * layers)  # offload alone: each layer's full K and V, once
+    assert len(held) == 1 and all(any(t is c for c in copies) for t in held[0])  # the draw ran on the copies
+    assert brought == [list(range(layers))]
 
 
 def test_recompute_holds_one_full_layer_at_a_time():

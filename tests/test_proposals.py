@@ -3,7 +3,7 @@
 
 import pytest
 import torch
-from conftest import random_ids, tiny_model
+from conftest import random_ids, random_norm_gains, tiny_model
 from kvpress import KnormPress, SnapKVPress, StreamingLLMPress, TOVAPress
 from transformers import DynamicCache
 
@@ -40,13 +40,8 @@ def eager_attention(model, n=70, layer=1):
 
 
 def with_random_norms(model):
-    """Qwen3's q-norm and k-norm start as ones; random gains make a reconstruction that skips them fail."""
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(("q_norm.weight", "k_norm.weight")):
-                p.copy_(0.5 + torch.rand(p.shape, generator=g))
-    return model
+    """Qwen3's q-norm and k-norm gains are random (conftest): a reconstruction that skips them fails."""
+    return random_norm_gains(model)
 
 
 def reference(A, values, rows, value_norm, floor, centred=False):
@@ -167,17 +162,27 @@ def test_score_map_keeps_order_and_floor():
     torch.testing.assert_close(constant, torch.ones(1, 1, 5))
 
 
-def test_h2o_baseline_switches_to_eager_and_back(model):
+@pytest.mark.parametrize("call", ["keyword", "positional", "embeds"])
+def test_h2o_baseline_switches_to_eager_and_back(model, call):
+    """Input ids by keyword, by position (``model.model(ids, ...)``, issue 25 item 5) or as embeddings;
+    above ``max_eager_bytes`` the model's own implementation stays."""
     press = EagerObservedAttentionPress(compression_ratio=0.5)
     seen = []
     hook = model.model.layers[0].self_attn.register_forward_hook(
         lambda m, a, k, o: seen.append(m.config._attn_implementation), with_kwargs=True
     )
-    cache = DynamicCache()
+    ids, cache = random_ids(40), DynamicCache()
     with torch.no_grad(), press(model):
-        model.model(input_ids=random_ids(40), past_key_values=cache)
+        if call == "keyword":
+            model.model(input_ids=ids, past_key_values=cache)
+        elif call == "positional":
+            model.model(ids, past_key_values=cache)
+        else:
+            model.model(inputs_embeds=model.model.embed_tokens(ids), past_key_values=cache)
+    with torch.no_grad(), EagerObservedAttentionPress(compression_ratio=0.5, max_eager_bytes=0)(model):
+        model.model(ids, past_key_values=DynamicCache())
     hook.remove()
-    assert seen == ["eager"] and model.config._attn_implementation == "sdpa"
+    assert seen == ["eager", "sdpa"] and model.config._attn_implementation == "sdpa"
     assert cache.layers[0].keys.shape[2] == 20
 
 

@@ -53,6 +53,25 @@ def test_every_snapshot_name_builds_an_equal_press():
             assert without_new_fields(json.loads(json.dumps(tree(get_press(name, r)))), old) == old, (name, r)
 
 
+def test_parts_whose_name_reads_back_as_another_press_are_refused():
+    """min_h with sharpness 256 is written prob_min_h_s256, the name of proposal min_h_s256 (sampled query
+    rows): building those parts would give a press that its own name does not build (issue 25 item 5)."""
+    from kvpress_prob.grid import check
+    from kvpress_prob.proposals import MinVarianceProposal, SampledMinVarianceProposal
+
+    ambiguous = Parts("prob", "min_h", "token", "poisson", ("s256",))
+    assert press_name(ambiguous) == "prob_min_h_s256"
+    with pytest.raises(ValueError, match="'min_h'.*written like proposal 'min_h_s256'"):
+        check(ambiguous)
+    with pytest.raises(ValueError, match="written like proposal"):
+        build(ambiguous, 0.5)
+    assert type(get_press("prob_min_h_s256", 0.5).proposal) is SampledMinVarianceProposal
+    # another sharpness has one reading, and it round-trips
+    sharp = Parts("prob", "min_h", "token", "poisson", ("s2",))
+    assert parse_name(press_name(sharp)) == sharp
+    assert build(sharp, 0.5).proposal == MinVarianceProposal(harmonic=True, sharpness=2.0)
+
+
 def test_names_parse_back_into_their_parts():
     for name, entry in CATALOGUE.items():
         if entry.parts is not None:  # NAMED presses stand outside the grammar
@@ -140,3 +159,13 @@ def test_every_rejected_name_keeps_its_row_and_reason_in_the_docs():
             assert f"| `{entry.name}` | {entry.family} | {entry.finding} |" in text, entry.name
     for name in REMOVED:
         assert f"| `{name}` |" in text, name
+
+
+def test_a_decoding_press_name_points_to_get_decoding_press():
+    """get_press is for ratios at prefill; a decoding press's name says where it is built (issue 25 item 5)."""
+    from kvpress_prob.decoding import DECODING_PRESSES
+
+    for name in ("prob_decode_attn_priority", "decode_knorm_topk"):
+        assert name in DECODING_PRESSES
+        with pytest.raises(ValueError, match=rf"decoding press.*get_decoding_press\('{name}', target_size"):
+            get_press(name, 0.5)

@@ -1,9 +1,11 @@
 """The shared-prefill runner reproduces the kvpress pipeline, resumes, and shards."""
 
+import warnings
+
 import pandas as pd
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import TIE, greedy_margins, tiny_model
 from kvpress import KVPressTextGenerationPipeline
 
 from evaluation.cli import main as cli_main
@@ -73,8 +75,10 @@ def test_batched_decoding_matches_one_at_a_time(arch, tmp_path, tokenizer):
     model = tiny_model(arch)
     model.generation_config.eos_token_id = 2
     configs = configurations(["snapkv", "prob_min_h", "prob_snapkv_nocorr", "h2o"], [0.25, 0.75], [0, 1])
-    a, b, many, kwargs = one_and_batched(model, tokenizer, configs, tmp_path, decode_batch=5)
+    with greedy_margins(model) as margins:
+        a, b, many, kwargs = one_and_batched(model, tokenizer, configs, tmp_path, decode_batch=5)
     assert len(a) == 2 * len(configs)
+    assert min(margins) > TIE, f"a greedy step decided by rounding (relative gap {min(margins):.1e})"
     assert a.prediction.equals(b.prediction)
     assert a.kv_bytes.equals(b.kv_bytes)
     with pytest.raises(ValueError, match="decode_batch"):
@@ -126,10 +130,23 @@ def test_batched_rows_leave_the_batch_when_they_stop(tokenizer):
     long = [tokenizer(a, add_special_tokens=False).input_ids for a in one_by_one()]
     stops = sorted({ids[1] for ids in long if len(ids) > 1})[:2]
     model.generation_config.eos_token_id = stops
-    reference = one_by_one()
+    reference, decisive = [], []
+    for cfg in configs:  # each answer's greedy steps up to its stop token must be clear of float error
+        with greedy_margins(model) as margins:
+            reference.append(pipe.generate_answer(question, shared.compress(cfg.build()), n, 12))
+        steps = min(len(tokenizer(reference[-1], add_special_tokens=False).input_ids) + 1, 12)
+        decisive.append(min(margins[:steps]))
     lengths = [len(tokenizer(a, add_special_tokens=False).input_ids) for a in reference]
     assert min(lengths) < 6 and max(lengths) >= 11, "some rows must stop early and some run on"
-    assert generate_batch(model, tokenizer, question, items, n, 12) == reference
+    # a row whose answer hangs on a near-tie (one here: a relative gap of 2.4e-6) may differ batched on another
+    # machine without a bug: it is reported and left out, the others must be equal
+    ties = [(configs[i].label, d) for i, d in enumerate(decisive) if d <= TIE]
+    if ties:
+        warnings.warn(f"greedy near-ties, not compared: {ties}")
+    assert len(ties) <= 2, ties
+    batched = generate_batch(model, tokenizer, question, items, n, 12)
+    clear = [i for i, d in enumerate(decisive) if d > TIE]
+    assert [batched[i] for i in clear] == [reference[i] for i in clear]
 
 
 def test_configurations_run_deterministic_presses_once():

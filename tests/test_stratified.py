@@ -45,3 +45,20 @@ def test_same_seed_same_draw_and_bad_input():
     with pytest.raises(ValueError, match="design"):
         StratifiedSampler(design="poisson")
 
+
+
+@pytest.mark.parametrize("design", ["priority", "threshold"])
+def test_a_small_allocation_still_samples_its_rest(design):
+    """alpha = 0.9 at k_h = 4: round(0.9 * 4) = 4 = k_h would keep the top 4 exactly and never draw the other
+    4 units (issue 25); 3 are kept exactly and the rest is drawn, so E[w_i 1{i kept}] = 1 for every unit
+    (4000 replicate heads, 5 standard errors)."""
+    g = torch.Generator().manual_seed(3)
+    n, reps = 8, 4000
+    pi = torch.rand(n, generator=g, dtype=torch.float64) + 0.2
+    pi = (pi / pi.sum()).expand(1, 1, reps, n)
+    draw = StratifiedSampler(alpha=0.9, design=design)(pi, 0.5, "head", torch.Generator().manual_seed(1))
+    assert draw.stats["exact_per_head"] == [[3] * reps]
+    w = draw.log_weight.double().exp()[0, 0]  # (reps, n), 0 where evicted
+    mean, se = w.mean(0), w.std(0) / reps ** 0.5
+    assert bool(((mean == 1.0) | ((mean - 1).abs() < 5 * se)).all()), mean
+    assert bool((w > 0).any(0).all())  # every unit is drawn

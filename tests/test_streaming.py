@@ -111,12 +111,38 @@ def test_h2o_attention_equals_eager_attention():
         torch.testing.assert_close(mine, eager, rtol=1e-4, atol=1e-6)
 
 
-def test_h2o_sums_follow_the_kept_entries():
+def test_h2o_sums_follow_the_kept_entries(monkeypatch):
+    """Every round, each entry's score is the attention it received from every query buffered since it
+    entered the cache, recomputed here entry by entry: entries are named by their key vector (per layer
+    and head; gathering never changes it), and each round's fresh attention (``buffered_attention``) is
+    added to the entry's own running sum. Sums truncated to the first n_kept entries instead of gathered
+    with the kept ones fail this (the kept entries are not a prefix: the recent window is kept)."""
     model, ids = tiny_model("llama"), random_ids(120, seed=3)
     schedule = Schedule(n=120, budget=32, chunk=8, interval=16)
     scorer = H2OPress(n_recent=4)
     press = DecodingPress(scorer, compression_interval=2, target_size=32)
+    running: dict = {}  # (layer, head, key bytes) -> attention received so far (float64)
+    checked = {"carried": 0}
+    score = H2OPress.score
+
+    def spy(self, module, hidden_states, keys, values, attentions, kwargs):
+        b, h, n, _ = keys.shape
+        fresh = buffered_attention(module, hidden_states, keys, kwargs).sum(2).view(b, h, -1, n).mean(2)
+        scores = score(self, module, hidden_states, keys, values, attentions, kwargs)
+        for head in range(h):
+            names = [(module.layer_idx, head, keys[0, head, j].numpy().tobytes()) for j in range(n)]
+            assert len(set(names)) == n  # the key vectors tell the entries apart
+            for j, name in enumerate(names):
+                checked["carried"] += name in running
+                running[name] = running.get(name, 0.0) + float(fresh[0, head, j])
+                if j < n - self.n_recent:  # the recent window scores +inf
+                    assert float(scores[0, head, j]) == pytest.approx(running[name], rel=1e-5, abs=1e-7), \
+                        (module.layer_idx, head, j)
+        return scores
+
+    monkeypatch.setattr(H2OPress, "score", spy)
     cache = feed(model, ids, schedule, press)["cache"]
+    assert checked["carried"] > 100  # entries whose sums crossed a round: what gathering must get right
     for i, layer in enumerate(cache.layers):
         sums = scorer.accumulated[cache][i]  # the sums of this cache (keyed by cache, issue 25 item 3)
         # after the last round the sums cover the kept entries, then the entries fed since hold none yet

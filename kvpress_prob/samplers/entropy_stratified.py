@@ -56,10 +56,14 @@ class EntropyStratifiedSampler(StratifiedSampler):
     Each head's allocation k_h is threshold sampling's expected count over the budget's scope
     (int((1 - r) n) with ``budget="head"``); its round(alpha_h k_h) units of largest pi are kept with
     weight 1 and the rest of k_h is drawn from the other units by ``design`` with Horvitz-Thompson
-    weights, exactly as ``StratifiedSampler`` with that head's alpha. The weights stay unbiased for
-    any alpha_h: the exact stratum is a deterministic function of pi, not of the draw. A head with
-    alpha_h = 1 is kvpress's top-k of pi (weight 1, nothing sampled). ``stats["alpha"]`` holds every
-    layer's and head's alpha_h.
+    weights, exactly as ``StratifiedSampler`` with that head's alpha (which keeps ceil(k_h) - 1 units
+    exactly where round(alpha_h k_h) would reach k_h, so that the rest is still drawn). The weights are
+    unbiased for every head with alpha_h < 1: the exact stratum is a deterministic function of pi, not
+    of the draw. A head with alpha_h = 1 is kvpress's top-k of pi (weight 1, nothing sampled): unbiased
+    only when its allocation holds every unit of positive pi (its rest fits, n_R <= k_R); when the map
+    gives 1 because the rest's perplexity fits (N_R <= k_R < n_R), the units outside the top k_h are
+    never kept and their share is dropped, as under top-k. ``stats["alpha"]`` holds every layer's and
+    head's alpha_h (1 marks those top-k heads).
 
     Parameters
     ----------

@@ -26,7 +26,9 @@ class StratifiedSampler(ThresholdSampler):
     k_h - round(alpha k_h) are drawn from the other units by ``design`` on pi restricted to them, with
     Horvitz-Thompson weights: "priority" keeps exactly that many (weights max(pi, t) / pi),
     "threshold" keeps them in expectation (1 / q_i). So sum_kept w_i f_i is unbiased for sum_i f_i
-    (E[w_i 1{i kept}] = 1 for every unit).
+    (E[w_i 1{i kept}] = 1 for every unit of positive pi). Where round(alpha k_h) would reach k_h (a small
+    allocation: alpha = 0.9, k_h <= 5) and units of positive pi lie outside it, ceil(k_h) - 1 units are
+    kept exactly instead, so the rest is still drawn and the weights stay unbiased.
 
     Parameters
     ----------
@@ -55,6 +57,12 @@ class StratifiedSampler(ThresholdSampler):
         allocation = self.allocation(pi, compression_ratio, scope)  # (L, b, H): kept units per head
         alpha = self.exact_fraction(pi, allocation)  # (L, b, H), in [0, 1]
         exact = torch.round(alpha * allocation).long()  # (L, b, H)
+        # alpha_h < 1 promises a sampled rest: where round(alpha_h k_h) reaches k_h while units of positive pi
+        # lie outside the allocation, one fewer is kept exactly (else they are never drawn: a biased top-k)
+        # (1e-6 absorbs the threshold solver's rounding of a real allocation, as ``whole_counts`` does)
+        whole = torch.ceil(allocation - 1e-6)
+        rounded_up = (alpha < 1) & (whole >= 1) & (exact >= whole) & ((pi > 0).sum(-1) > whole)
+        exact = torch.where(rounded_up, whole.long() - 1, exact)
         top, rest = exact_top(pi, exact)  # rest (L, b, H, n): 0 on the exact stratum
         target = (allocation - exact).clamp_min(0)  # (L, b, H)
         if self.design == "priority":
