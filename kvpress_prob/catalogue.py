@@ -59,6 +59,12 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            "frees 1 - r of the cache where AdaKV frees nothing", "docs/findings.md#adaptive-top-k"),
     Family("ours", "hybrids", "hybrid_<proposal>_block<k>_a<pct>[_threshold|_global]", "ours", "measured",
            "the first sampling designs within noise of the best top-k", "docs/findings.md#6-the-new-recommended-on-the-test-split"),
+    Family("ours", "cross hybrids", "cross_<scorer>_block<k>_a<pct>[_nocorr]",
+           "ours, after Error Certificates (arXiv 2607.21475)", "measured",
+           "exact retrieval blocks plus a corrected pi_min-h tail: the three-regime frontier (issue 26)",
+           "docs/three-regimes.md"),
+    Family("ours", "random", "prob_uniform_priority_head", "random per-head eviction (arXiv 2609.03430)", "measured",
+           "the floor every press should clear, at kvpress's per-head count (issue 26)", "docs/three-regimes.md"),
     Family("ours", "summaries", "<press>_sum<V>[_seg][_tau<t>]", "ours", "measured",
            "lower the attention error by a fifth, move no answer beyond noise (equal memory)",
            "docs/findings.md#4-evicted-set-summaries-and-stratified-hybrids-issue-16"),
@@ -91,8 +97,10 @@ def family_of(parts: Parts) -> str:
         return "calibrated"
     if parts.kind in ("kvpress", "adakv"):
         return {"kvpress": "top-k", "adakv": "AdaKV"}[parts.kind]
-    if parts.kind in ("adaptive", "hybrid"):
-        return {"adaptive": "adaptive", "hybrid": "hybrids"}[parts.kind]
+    if parts.kind in ("adaptive", "hybrid", "cross"):
+        return {"adaptive": "adaptive", "hybrid": "hybrids", "cross": "cross hybrids"}[parts.kind]
+    if parts.proposal == "uniform":
+        return "random"
     if parts.kind == "topk":
         return "top-k twins"
     if parts.unit.startswith("block"):
@@ -106,7 +114,8 @@ def family_of(parts: Parts) -> str:
 
 #: The registered points of the grid, in the order ``kvprob presses --all`` lists them.
 REGISTERED: list[Parts] = [
-    *grid("kvpress", ["streaming_llm", "snapkv", "tova", "h2o", "knorm", "expected_attention", "keydiff", "lagkv"]),
+    *grid("kvpress", ["streaming_llm", "snapkv", "tova", "h2o", "knorm", "expected_attention", "keydiff", "lagkv",
+                      "kvzip"]),
     *grid("adakv", ["snapkv", "tova", "knorm", "keydiff", "lagkv"]),
     *grid("prob", PAPER_PROPOSALS, options=_NC),
     *grid("prob", ["min"], options=[("c",), ("c", "nocorr"), ("shared",)]),
@@ -135,6 +144,9 @@ REGISTERED: list[Parts] = [
     *grid("kvpress", ["keydiff", "tova", "knorm"], options=[(f"sum{c}", f"tau{t}") for c in (4, 16) for t in (0.5, 0.1)]),
     *grid("topk", ["tova", "keydiff"], units=["block8"], options=[("sum4",)]),
     *grid("hybrid", ["keydiff"], units=["block8"], options=[("a75", "sum4"), ("a75", "global", "sum4")]),
+    *grid("cross", ["keydiff"], units=["block8"], options=[("a25",), ("a50",), ("a75",), ("a50", "nocorr")]),
+    *grid("cross", ["expected_attention"], units=["block8"], options=[("a25",), ("a50",), ("a75",)]),
+    *grid("prob", ["uniform"], designs=["priority"], options=[("head",)]),
 ]
 
 #: Presses outside the grammar: name -> (factory of the compression ratio, or None for a press built
@@ -152,6 +164,7 @@ _TEST = "test split, 32 examples"
 #: Per-name statuses, where a name differs from its family's.
 STATUS: dict[str, tuple[str, str]] = {
     "snapkv": ("measured", "near 0 on this model (6.7 at r = 0.5, 66 examples)"),
+    "kvzip": ("measured", "kvpress's KVzipPress: query-agnostic context reconstruction; masks, holds the full cache"),
     "keydiff": ("measured", f"39.1 / 25.3 at r = 0.5 / 0.75 ({_TEST})"),
     "adakv_knorm": ("measured", "knorm_adaptive is ahead: +20.8 [+6.8, +34.8] at r = 0.25 (32 test examples)"),
     "prob_min_h_s256": ("measured", "within noise of prob_min_h (-0.4 [-2.3, +1.5], 17 test examples); "

@@ -12,6 +12,13 @@ back by ``parse_name`` and built by ``build``. The kinds of name and their prefi
 - ``adaptive``: head-adaptive top-k that frees memory, one budget per layer (``snapkv_adaptive``).
 - ``hybrid``: blocks, each head's top ``a<percent>`` of its allocation kept exactly, the rest sampled
   (``hybrid_keydiff_block8_a90``).
+- ``cross``: cross-proposal hybrids (``kvpress_prob.cross``): the ``a<percent>`` share of each head's
+  budget kept exactly as the blocks with the largest scores of a kvpress scorer, the rest priority-sampled
+  from pi_min-h with the correction (``cross_keydiff_block8_a50``); always a per-head budget.
+
+kvpress's ``KVzipPress`` is the kvpress-kind name ``kvzip`` (it masks, as AdaKV does, and frees nothing).
+The proposal ``uniform`` is random eviction's: ``prob_uniform_priority_head`` is uniform random
+per-head eviction at kvpress's per-head count.
 
 Units: ``token`` (unwritten), ``block<k>`` (``BlockSampler``), ``span<k>`` (word-aligned, ``SpanPress``).
 Designs (``prob``): ``poisson`` (the paper's draws; unwritten on tokens), ``threshold`` (unwritten on
@@ -28,10 +35,11 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Callable
 
-from kvpress import (AdaKVPress, BasePress, ExpectedAttentionPress, KeyDiffPress, KnormPress, LagKVPress,
-                     SnapKVPress, StreamingLLMPress, TOVAPress)
+from kvpress import (AdaKVPress, BasePress, ExpectedAttentionPress, KeyDiffPress, KnormPress, KVzipPress,
+                     LagKVPress, SnapKVPress, StreamingLLMPress, TOVAPress)
 
 from kvpress_prob.calibration import CalibratedProposal
+from kvpress_prob.cross import CrossStratifiedSampler, PairProposal, UniformProposal
 from kvpress_prob.h2o import EagerObservedAttentionPress
 from kvpress_prob.press import SamplingPress
 from kvpress_prob.proposals import (H2OProposal, MinVarianceProposal, Proposal, SampledMinVarianceProposal,
@@ -63,16 +71,20 @@ PROPOSALS: dict[str, Callable[[], Proposal]] = {
     "min": lambda: MinVarianceProposal(harmonic=False),
     "min_h": lambda: MinVarianceProposal(harmonic=True),
     "min_h_s256": lambda: SampledMinVarianceProposal(query_rows=256),  # 256 sampled query rows, O(s n)
+    "uniform": UniformProposal,  # random eviction's (kvpress_prob.cross)
 }
 
-KINDS = ("kvpress", "adakv", "prob", "topk", "adaptive", "hybrid")
-PREFIXES = {"adakv": "adakv_", "prob": "prob_", "topk": "topk_", "hybrid": "hybrid_"}
+#: kvpress presses named by kind ``kvpress`` that are not scorers (no proposal of that name).
+KVPRESS_OTHER: dict[str, Callable[..., BasePress]] = {"kvzip": KVzipPress}
+
+KINDS = ("kvpress", "adakv", "prob", "topk", "adaptive", "hybrid", "cross")
+PREFIXES = {"adakv": "adakv_", "prob": "prob_", "topk": "topk_", "hybrid": "hybrid_", "cross": "cross_"}
 #: kvpress's wrapper that a scorer's kvpress name already carries (kvpress's own evaluation registry).
 KVPRESS_WRAPPED = {"expected_attention": "adakv"}
 
 #: Designs of each kind: the first is written nowhere (the kind's or the unit's default).
 DESIGNS = {"prob": ("poisson", "threshold", "priority"), "topk": ("topk",), "adaptive": ("topk",),
-           "hybrid": ("stratified",), "kvpress": ("topk",), "adakv": ("topk",)}
+           "hybrid": ("stratified",), "cross": ("stratified",), "kvpress": ("topk",), "adakv": ("topk",)}
 UNIT = re.compile(r"^(token|block(\d+)|span(\d+))$")
 
 #: Options in the order they are written: (pattern, what it sets, which kinds may use it).
@@ -83,7 +95,7 @@ OPTIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "s": (r"s(\d+)", "proposal sharpness=<k> (pi proportional to pi^k)", ("prob",)),
     "rank": (r"rank", "CalibratedProposal(calibration='rank'): pi by the scorer's rank", ("prob",)),
     "ent": (r"ent", "CalibratedProposal(calibration='entropy'): entropy-matched softmax", ("prob",)),
-    "a": (r"a(\d+)", "StratifiedSampler alpha=<k>/100: the top share of each head kept exactly", ("hybrid",)),
+    "a": (r"a(\d+)", "StratifiedSampler alpha=<k>/100: the top share of each head kept exactly", ("hybrid", "cross")),
     "strata": (r"strata", "PoissonSampler alpha=0.5: the top half of each head's allocation kept", ("prob",)),
     "coord": (r"coord", "PoissonSampler coordinated=True: one uniform per position for all heads", ("prob",)),
     "ht": (r"ht", "PoissonSampler inclusion_weights=True: Horvitz-Thompson weights 1/q_i", ("prob",)),
@@ -92,7 +104,7 @@ OPTIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "nowiden": (r"nowiden", "SpanSampler widen=0: kept spans not widened by a token", ("prob", "topk")),
     "head": (r"head", "budget='head' (one budget per head)", ("prob", "topk", "hybrid")),
     "global": (r"global", "budget='global' (one budget for the model)", ("prob", "topk", "hybrid")),
-    "nocorr": (r"nocorr", "correct=False: the same kept set, no SNIS correction", ("prob", "topk", "hybrid")),
+    "nocorr": (r"nocorr", "correct=False: the same kept set, no SNIS correction", ("prob", "topk", "hybrid", "cross")),
     "sum": (r"sum(\d+)", "summary n_virtual=<V>: V virtual entries per KV head, charged to the budget", KINDS),
     "seg": (r"seg", "summary grouping='segments' (position segments, not k-means)", KINDS),
     "tau": (r"tau(\d+(?:\.\d+)?)", "summary weight=<tau>: log-weight log(tau count)", KINDS),
@@ -178,7 +190,8 @@ def parse_name(name: str) -> Parts:
         kind = "adaptive"
     else:
         kind = "kvpress"
-    names = {"kvpress": [*SCORERS, "h2o"], "adakv": list(SCORERS), "adaptive": list(SCORERS)}.get(kind, PROPOSALS)
+    names = {"kvpress": [*SCORERS, "h2o", *KVPRESS_OTHER], "adakv": list(SCORERS), "adaptive": list(SCORERS),
+             "cross": list(SCORERS)}.get(kind, PROPOSALS)
     proposal = max((p for p in names if words[: p.count("_") + 1] == p.split("_")), key=len, default=None)
     if proposal is None:
         _refuse(name, f"{'_'.join(words)!r} starts with no {'scorer' if names is not PROPOSALS else 'proposal'} "
@@ -217,8 +230,14 @@ def check(parts: Parts, name: str | None = None) -> None:
         _refuse(name, f"kind {kind!r} keeps tokens, not {parts.unit!r}")
     if kind == "adakv" and KVPRESS_WRAPPED.get(parts.proposal) == "adakv":
         _refuse(name, f"{parts.proposal!r} already runs under AdaKV")
-    if kind == "hybrid" and (not parts.unit.startswith("block") or "a" not in keys):
-        _refuse(name, "a hybrid needs a block unit and an a<percent> option")
+    if kind in ("hybrid", "cross") and (not parts.unit.startswith("block") or "a" not in keys):
+        _refuse(name, f"a {kind} press needs a block unit and an a<percent> option")
+    if kind == "cross" and (parts.proposal not in SCORERS or not 0 <= int(_value(parts, "a")) <= 100):
+        _refuse(name, "a cross press names a kvpress scorer (its exact set) and a<percent> in 0..100")
+    if parts.proposal in KVPRESS_OTHER and (kind != "kvpress" or parts.options):
+        _refuse(name, f"{parts.proposal!r} is kvpress's own press, named alone")
+    if parts.proposal == "uniform" and kind == "prob" and ("c" in keys or "rank" in keys):
+        _refuse(name, "the uniform proposal takes no proposal option")
     if parts.unit.startswith("span") and parts.design not in ("priority", "topk"):
         _refuse(name, "span units take the priority design (written) or the topk kind")
     if parts.design not in DESIGNS[kind]:
@@ -282,7 +301,14 @@ def build(parts: Parts, compression_ratio: float) -> BasePress:
     """The press that ``parts`` name, at ``compression_ratio``."""
     check(parts)
     r = compression_ratio
-    if parts.kind in ("kvpress", "adakv"):
+    if parts.kind == "cross":
+        exact = ScoreProposal(scorer=SCORERS[parts.proposal]())
+        sampler = CrossStratifiedSampler(alpha=int(_value(parts, "a")) / 100, size=int(parts.unit[5:]))
+        press = SamplingPress(proposal=PairProposal(exact=exact), sampler=sampler, compression_ratio=r,
+                              budget="head", correct=not _value(parts, "nocorr"))
+    elif parts.kind in ("kvpress", "adakv") and parts.proposal in KVPRESS_OTHER:
+        press = KVPRESS_OTHER[parts.proposal](compression_ratio=r)
+    elif parts.kind in ("kvpress", "adakv"):
         if parts.proposal == "h2o":
             press = EagerObservedAttentionPress(compression_ratio=r)
         else:
