@@ -65,6 +65,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            "docs/three-regimes.md"),
     Family("ours", "random", "prob_uniform_priority_head", "random per-head eviction (arXiv 2609.03430)", "measured",
            "the floor every press should clear, at kvpress's per-head count (issue 26)", "docs/three-regimes.md"),
+    Family("ours", "kvzip", "<topk|prob|hybrid>_kvzip_...", "KVzip (Kim et al. 2025) scores, our budgets and designs",
+           "measured", "kvpress's KVzip scores with real eviction: topk_kvzip_head is kvzip at equal memory (issue 26)",
+           "docs/three-regimes.md"),
     Family("ours", "summaries", "<press>_sum<V>[_seg][_tau<t>]", "ours", "measured",
            "lower the attention error by a fifth, move no answer beyond noise (equal memory)",
            "docs/findings.md#4-evicted-set-summaries-and-stratified-hybrids-issue-16"),
@@ -101,6 +104,8 @@ def family_of(parts: Parts) -> str:
         return {"adaptive": "adaptive", "hybrid": "hybrids", "cross": "cross hybrids"}[parts.kind]
     if parts.proposal == "uniform":
         return "random"
+    if parts.proposal == "kvzip":
+        return "kvzip"
     if parts.kind == "topk":
         return "top-k twins"
     if parts.unit.startswith("block"):
@@ -147,6 +152,9 @@ REGISTERED: list[Parts] = [
     *grid("cross", ["keydiff"], units=["block8"], options=[("a25",), ("a50",), ("a75",), ("a50", "nocorr")]),
     *grid("cross", ["expected_attention"], units=["block8"], options=[("a25",), ("a50",), ("a75",)]),
     *grid("prob", ["uniform"], designs=["priority"], options=[("head",)]),
+    *grid("topk", ["kvzip"], options=[("head",)]),
+    *grid("prob", ["kvzip"], designs=["priority"], options=[("head",)]),
+    *grid("hybrid", ["kvzip"], units=["block8"], options=[("a50",)]),
 ]
 
 #: Presses outside the grammar: name -> (factory of the compression ratio, or None for a press built

@@ -16,7 +16,9 @@ back by ``parse_name`` and built by ``build``. The kinds of name and their prefi
   budget kept exactly as the blocks with the largest scores of a kvpress scorer, the rest priority-sampled
   from pi_min-h with the correction (``cross_keydiff_block8_a50``); always a per-head budget.
 
-kvpress's ``KVzipPress`` is the kvpress-kind name ``kvzip`` (it masks, as AdaKV does, and frees nothing).
+kvpress's ``KVzipPress`` is the kvpress-kind name ``kvzip`` (it masks, as AdaKV does, and frees nothing);
+the proposal ``kvzip`` is its reconstruction scores kept by our designs with real eviction
+(``kvpress_prob.kvzip``: ``topk_kvzip_head`` is its equal-memory twin).
 The proposal ``uniform`` is random eviction's: ``prob_uniform_priority_head`` is uniform random
 per-head eviction at kvpress's per-head count.
 
@@ -41,6 +43,7 @@ from kvpress import (AdaKVPress, BasePress, ExpectedAttentionPress, KeyDiffPress
 from kvpress_prob.calibration import CalibratedProposal
 from kvpress_prob.cross import CrossStratifiedSampler, PairProposal, UniformProposal
 from kvpress_prob.h2o import EagerObservedAttentionPress
+from kvpress_prob.kvzip import KVzipSampledPress
 from kvpress_prob.press import SamplingPress
 from kvpress_prob.proposals import (H2OProposal, MinVarianceProposal, Proposal, SampledMinVarianceProposal,
                                    ScoreProposal)
@@ -72,6 +75,7 @@ PROPOSALS: dict[str, Callable[[], Proposal]] = {
     "min_h": lambda: MinVarianceProposal(harmonic=True),
     "min_h_s256": lambda: SampledMinVarianceProposal(query_rows=256),  # 256 sampled query rows, O(s n)
     "uniform": UniformProposal,  # random eviction's (kvpress_prob.cross)
+    "kvzip": UniformProposal,  # placeholder: KVzip's scores come from its reconstruction pass (kvpress_prob.kvzip)
 }
 
 #: kvpress presses named by kind ``kvpress`` that are not scorers (no proposal of that name).
@@ -234,10 +238,13 @@ def check(parts: Parts, name: str | None = None) -> None:
         _refuse(name, f"a {kind} press needs a block unit and an a<percent> option")
     if kind == "cross" and (parts.proposal not in SCORERS or not 0 <= int(_value(parts, "a")) <= 100):
         _refuse(name, "a cross press names a kvpress scorer (its exact set) and a<percent> in 0..100")
-    if parts.proposal in KVPRESS_OTHER and (kind != "kvpress" or parts.options):
+    if kind in ("kvpress", "adakv") and parts.proposal in KVPRESS_OTHER and (kind != "kvpress" or parts.options):
         _refuse(name, f"{parts.proposal!r} is kvpress's own press, named alone")
-    if parts.proposal == "uniform" and kind == "prob" and ("c" in keys or "rank" in keys):
-        _refuse(name, "the uniform proposal takes no proposal option")
+    if parts.proposal in ("uniform", "kvzip") and set(keys) & {"c", "shared", "w", "s", "rank", "ent", "sum", "seg",
+                                                               "tau", "coord", "ht", "strata", "floor"}:
+        _refuse(name, f"the {parts.proposal} proposal takes no proposal, draw or summary option")
+    if parts.proposal == "kvzip" and parts.unit.startswith("span"):
+        _refuse(name, "the kvzip proposal takes token or block units")
     if parts.unit.startswith("span") and parts.design not in ("priority", "topk"):
         _refuse(name, "span units take the priority design (written) or the topk kind")
     if parts.design not in DESIGNS[kind]:
@@ -332,6 +339,9 @@ def build(parts: Parts, compression_ratio: float) -> BasePress:
             if parts.unit.startswith("block"):
                 sampler = BlockSampler(size=int(parts.unit[5:]), inner=sampler)
             press = SamplingPress(proposal=_proposal(parts), sampler=sampler, **kwargs)
+        if parts.proposal == "kvzip":
+            press = KVzipSampledPress(compression_ratio=r, sampler=press.sampler, budget=press.budget,
+                                      correct=press.correct)
     if _value(parts, "sum"):
         summary = {"n_virtual": int(_value(parts, "sum"))}
         if _value(parts, "seg"):

@@ -26,6 +26,7 @@ from kvpress import BasePress
 
 from kvpress_prob.catalogue import NAMED, Entry, entries
 from kvpress_prob.grid import build, parse_name
+from kvpress_prob.kvzip import KVzipSampledPress
 from kvpress_prob.press import SamplingPress
 from kvpress_prob.samplers import PoissonSampler, Sampler, TopKSampler
 from kvpress_prob.samplers.block import BlockSampler
@@ -140,4 +141,4 @@ def get_press(name: str, compression_ratio: float, **overrides) -> BasePress:
 def is_sampling(name: str, **overrides) -> bool:
     """Whether the named press (with these ``get_press`` overrides) samples: its result depends on the seed."""
     press = get_press(name, 0.5, **overrides)
-    return isinstance(press, SamplingPress) and press.sampler.random
+    return isinstance(press, (SamplingPress, KVzipSampledPress)) and press.sampler.random
