@@ -57,17 +57,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            "docs/findings.md#3-test-split"),
     Family("ours", "adaptive", "<scorer>_adaptive", "AdaKV's budget (Feng et al. 2024), memory freed", "measured",
            "frees 1 - r of the cache where AdaKV frees nothing", "docs/findings.md#adaptive-top-k"),
-    Family("ours", "hybrids", "hybrid_<proposal>_block<k>_a<pct>[_threshold|_global]", "ours", "measured",
+    Family("ours", "hybrids", "hybrid_<proposal>_block<k>_a<pct>[_threshold|_global], cross_<scorer>_block<k>_a<pct>",
+           "ours; cross: after Error Certificates (arXiv 2607.21475)", "measured",
            "the first sampling designs within noise of the best top-k", "docs/findings.md#6-the-new-recommended-on-the-test-split"),
-    Family("ours", "cross hybrids", "cross_<scorer>_block<k>_a<pct>[_nocorr]",
-           "ours, after Error Certificates (arXiv 2607.21475)", "measured",
-           "exact retrieval blocks plus a corrected pi_min-h tail: the three-regime frontier (issue 26)",
-           "docs/three-regimes.md"),
-    Family("ours", "random", "prob_uniform_priority_head", "random per-head eviction (arXiv 2609.03430)", "measured",
-           "the floor every press should clear, at kvpress's per-head count (issue 26)", "docs/three-regimes.md"),
-    Family("ours", "kvzip", "<topk|prob|hybrid>_kvzip_...", "KVzip (Kim et al. 2025) scores, our budgets and designs",
-           "measured", "kvpress's KVzip scores with real eviction: topk_kvzip_head is kvzip at equal memory (issue 26)",
-           "docs/three-regimes.md"),
     Family("ours", "summaries", "<press>_sum<V>[_seg][_tau<t>]", "ours", "measured",
            "lower the attention error by a fifth, move no answer beyond noise (equal memory)",
            "docs/findings.md#4-evicted-set-summaries-and-stratified-hybrids-issue-16"),
@@ -101,11 +93,7 @@ def family_of(parts: Parts) -> str:
     if parts.kind in ("kvpress", "adakv"):
         return {"kvpress": "top-k", "adakv": "AdaKV"}[parts.kind]
     if parts.kind in ("adaptive", "hybrid", "cross"):
-        return {"adaptive": "adaptive", "hybrid": "hybrids", "cross": "cross hybrids"}[parts.kind]
-    if parts.proposal == "uniform":
-        return "random"
-    if parts.proposal == "kvzip":
-        return "kvzip"
+        return {"adaptive": "adaptive", "hybrid": "hybrids", "cross": "hybrids"}[parts.kind]
     if parts.kind == "topk":
         return "top-k twins"
     if parts.unit.startswith("block"):
@@ -173,6 +161,19 @@ _TEST = "test split, 32 examples"
 STATUS: dict[str, tuple[str, str]] = {
     "snapkv": ("measured", "near 0 on this model (6.7 at r = 0.5, 66 examples)"),
     "kvzip": ("measured", "kvpress's KVzipPress: query-agnostic context reconstruction; masks, holds the full cache"),
+    "topk_kvzip_head": ("measured", "KVzip's scores, kvpress's per-head count, real eviction: kvzip at equal memory "
+                        "(kvpress_prob/kvzip.py, docs/three-regimes.md)"),
+    "prob_kvzip_priority_head": ("measured", "KVzip's scores as the proposal, priority-sampled, corrected "
+                                 "(docs/three-regimes.md)"),
+    "hybrid_kvzip_block8_a50": ("measured", "KVzip's top blocks for half the budget, the rest sampled from its scores "
+                                "(docs/three-regimes.md)"),
+    "prob_uniform_priority_head": ("measured", "uniform random per-head eviction (arXiv 2609.03430's baseline) at "
+                                   "kvpress's count: the floor (docs/three-regimes.md)"),
+    **{f"cross_{s}_block8_a{a}": ("measured", f"exact {s} blocks for {a} % of each head's budget, the rest "
+                                  "priority-sampled from pi_min-h, corrected (docs/three-regimes.md)")
+       for s in ("keydiff", "expected_attention") for a in (25, 50, 75)},
+    "cross_keydiff_block8_a50_nocorr": ("measured", "cross_keydiff_block8_a50 without the correction "
+                                        "(docs/three-regimes.md)"),
     "keydiff": ("measured", f"39.1 / 25.3 at r = 0.5 / 0.75 ({_TEST})"),
     "adakv_knorm": ("measured", "knorm_adaptive is ahead: +20.8 [+6.8, +34.8] at r = 0.25 (32 test examples)"),
     "prob_min_h_s256": ("measured", "within noise of prob_min_h (-0.4 [-2.3, +1.5], 17 test examples); "
