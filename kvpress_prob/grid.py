@@ -195,7 +195,7 @@ def parse_name(name: str) -> Parts:
     else:
         kind = "kvpress"
     names = {"kvpress": [*SCORERS, "h2o", *KVPRESS_OTHER], "adakv": list(SCORERS), "adaptive": list(SCORERS),
-             "cross": list(SCORERS)}.get(kind, PROPOSALS)
+             "cross": [*SCORERS, "kvzip"]}.get(kind, PROPOSALS)
     proposal = max((p for p in names if words[: p.count("_") + 1] == p.split("_")), key=len, default=None)
     if proposal is None:
         _refuse(name, f"{'_'.join(words)!r} starts with no {'scorer' if names is not PROPOSALS else 'proposal'} "
@@ -236,7 +236,7 @@ def check(parts: Parts, name: str | None = None) -> None:
         _refuse(name, f"{parts.proposal!r} already runs under AdaKV")
     if kind in ("hybrid", "cross") and (not parts.unit.startswith("block") or "a" not in keys):
         _refuse(name, f"a {kind} press needs a block unit and an a<percent> option")
-    if kind == "cross" and (parts.proposal not in SCORERS or not 0 <= int(_value(parts, "a")) <= 100):
+    if kind == "cross" and (parts.proposal not in [*SCORERS, "kvzip"] or not 0 <= int(_value(parts, "a")) <= 100):
         _refuse(name, "a cross press names a kvpress scorer (its exact set) and a<percent> in 0..100")
     if kind in ("kvpress", "adakv") and parts.proposal in KVPRESS_OTHER and (kind != "kvpress" or parts.options):
         _refuse(name, f"{parts.proposal!r} is kvpress's own press, named alone")
@@ -308,7 +308,11 @@ def build(parts: Parts, compression_ratio: float) -> BasePress:
     """The press that ``parts`` name, at ``compression_ratio``."""
     check(parts)
     r = compression_ratio
-    if parts.kind == "cross":
+    if parts.kind == "cross" and parts.proposal == "kvzip":
+        sampler = CrossStratifiedSampler(alpha=int(_value(parts, "a")) / 100, size=int(parts.unit[5:]))
+        press = KVzipSampledPress(compression_ratio=r, sampler=sampler, budget="head", correct=not _value(parts, "nocorr"),
+                                  tail=MinVarianceProposal(harmonic=True))
+    elif parts.kind == "cross":
         exact = ScoreProposal(scorer=SCORERS[parts.proposal]())
         sampler = CrossStratifiedSampler(alpha=int(_value(parts, "a")) / 100, size=int(parts.unit[5:]))
         press = SamplingPress(proposal=PairProposal(exact=exact), sampler=sampler, compression_ratio=r,

@@ -9,7 +9,9 @@ frees nothing (the masked entries stay in the cache) and its layers keep differe
 proposal pi of each layer, and the ``sampler`` under ``budget`` chooses what is kept (``TopKSampler``
 with a per-head budget: kvpress's per-head count, the equal-memory twin of ``kvzip``;
 ``PrioritySampler``: sampled, with the SNIS correction; a ``StratifiedSampler`` in a ``BlockSampler``:
-exact blocks plus a sampled rest).
+exact blocks plus a sampled rest). With a ``tail`` proposal (pi_min-h), computed in the prefill's own
+hooks, and a ``CrossStratifiedSampler``, KVzip's top blocks are the exact set and the rest is sampled
+from the tail proposal with its correction (``cross_kvzip_block8_a<pct>``).
 
 The reconstruction passes cost two to three prefills. Their scores depend on the model and the context
 only, so they are kept for the last ``SCORE_CACHE`` contexts (keyed by the model and the token ids)
@@ -20,12 +22,14 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 from kvpress import KVzipPress
 
-from kvpress_prob.cross import UniformProposal
+from kvpress_prob.cross import CrossStratifiedSampler, UniformProposal
+from kvpress_prob.proposals import Proposal
 from kvpress_prob.press import SamplingPress, language_model
 from kvpress_prob.samplers import Sampler, TopKSampler
 
@@ -56,6 +60,9 @@ class KVzipSampledPress(KVzipPress):
         Install the SNIS correction of a random design (a top-k design keeps weight 1 everywhere).
     floor : float, default 0.01
         Mass of the uniform component mixed into pi (every entry can be drawn).
+    tail : Proposal or None, default None
+        A second proposal computed from the prefill (``MinVarianceProposal(harmonic=True)``): pi is then
+        (b, H, 2, n), KVzip's row first, for a ``CrossStratifiedSampler`` (required with it).
     n_sink, chunk_size, kvzip_plus_normalization, layerwise : kvpress ``KVzipPress``'s (``layerwise``
         is unused: the budget says how the layers share it).
     """
@@ -65,10 +72,14 @@ class KVzipSampledPress(KVzipPress):
     seed: int = 0
     correct: bool = True
     floor: float = 0.01
+    tail: Proposal | None = None
 
     def __post_init__(self):
         if not 0.0 <= self.floor < 1.0:
             raise ValueError(f"floor must be in [0, 1), got {self.floor}")
+        if (self.tail is not None) != isinstance(self.sampler, CrossStratifiedSampler):
+            raise ValueError("tail (a Proposal) and a CrossStratifiedSampler sampler go together")
+        self._tails: dict[int, torch.Tensor] = {}
         self.evictor()  # checks the ratio, budget and sampler now
         super().__post_init__()
 
@@ -76,6 +87,30 @@ class KVzipSampledPress(KVzipPress):
         """The SamplingPress that evicts (its proposal is unused: pi comes from KVzip's scores)."""
         return SamplingPress(proposal=UniformProposal(), sampler=self.sampler, compression_ratio=self.compression_ratio,
                              budget=self.budget, seed=self.seed, correct=self.correct)
+
+    @contextmanager
+    def __call__(self, model):
+        """kvpress KVzip's context; with a ``tail``, its proposal is computed at each layer of the prefill."""
+        self._tails = {}
+        handles = []
+        if self.tail is not None:
+            handles = [layer.self_attn.register_forward_hook(self._tail_hook, with_kwargs=True)
+                       for layer in language_model(model).layers]
+        try:
+            with super().__call__(model):
+                yield
+        finally:
+            for handle in handles:
+                handle.remove()
+            self._tails = {}
+
+    @torch.no_grad()
+    def _tail_hook(self, module, args, kwargs, output):
+        if module.layer_idx in self._tails:  # a reconstruction pass: the prefill's proposal is kept
+            return output
+        layer = kwargs["past_key_values"].layers[module.layer_idx]
+        self._tails[module.layer_idx] = self.tail(module, kwargs["hidden_states"], layer.keys, layer.values, kwargs)
+        return output
 
     def _perform_kvzip_compression(self, model, tokenizer):
         key = _key(self, model)
@@ -101,6 +136,8 @@ class KVzipSampledPress(KVzipPress):
         w = torch.where(w.sum(-1, keepdim=True) > 0, w, torch.ones_like(w))
         pi = (1 - self.floor) * w / w.sum(-1, keepdim=True) + self.floor / w.shape[-1]
         modules = [layer.self_attn for layer in language_model(model).layers]
+        if self.tail is not None:  # (L, b, H, 2, n): KVzip's row chooses the exact set
+            pi = torch.stack([pi, torch.stack([self._tails[m.layer_idx].to(pi.device).float() for m in modules])], dim=3)
         self.evictor().evict(self._cache, {m: pi[m.layer_idx].to(self._cache.layers[m.layer_idx].keys.device)
                                             for m in modules})
 

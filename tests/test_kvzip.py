@@ -53,3 +53,35 @@ def test_refusals():
         KVzipSampledPress(compression_ratio=0.5, floor=1.0)
     with pytest.raises(ValueError, match="budget"):
         KVzipSampledPress(compression_ratio=0.5, budget="model")
+
+
+def test_cross_kvzip_keeps_kvzip_blocks_and_a_corrected_min_h_tail():
+    from evaluation.engine import Prefill
+    from kvpress_prob.cross import CrossStratifiedSampler
+
+    model, n = tiny_model("llama"), 64
+    ids = random_ids(n, seed=6)
+    press = get_press("cross_kvzip_block8_a50", 0.5, seed=0)
+    assert isinstance(press.sampler, CrossStratifiedSampler) and press.tail is not None
+    cache = press_prefill(model, ids, press)
+    assert all(layer.keys.shape[2] == n // 2 for layer in cache.layers)
+    # the tail proposal is the prefill's pi_min-h: the same as a SamplingPress computes in the shared prefill
+    shared = Prefill(model, ids, [get_press("prob_min_h_priority_head", 0.5)])
+    proposals = shared.proposals_of(get_press("prob_min_h_priority_head", 0.5))
+    seen = {}
+    hook = KVzipSampledPress._tail_hook
+
+    def spy(self, module, args, kwargs, output):
+        out = hook(self, module, args, kwargs, output)
+        seen[module.layer_idx] = self._tails[module.layer_idx]
+        return out
+
+    KVzipSampledPress._tail_hook = spy
+    try:
+        press_prefill(model, ids, get_press("cross_kvzip_block8_a50", 0.5, seed=0))
+    finally:
+        KVzipSampledPress._tail_hook = hook
+    for module, pi in proposals.items():
+        assert torch.allclose(seen[module.layer_idx], pi, rtol=1e-5, atol=1e-8)
+    with pytest.raises(ValueError, match="tail"):
+        KVzipSampledPress(compression_ratio=0.5, sampler=CrossStratifiedSampler())
