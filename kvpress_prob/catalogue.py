@@ -143,7 +143,8 @@ REGISTERED: list[Parts] = [
     *grid("topk", ["kvzip"], options=[("head",)]),
     *grid("prob", ["kvzip"], designs=["priority"], options=[("head",)]),
     *grid("hybrid", ["kvzip"], units=["block8"], options=[("a50",)]),
-    *grid("cross", ["kvzip"], units=["block8"], options=[("a50",), ("a75",)]),
+    *grid("cross", ["kvzip"], units=["block8"], options=[("a50",), ("a75",), ("a50", "layers")]),
+    *grid("topk", ["kvzip"], options=[("layers",)]),
 ]
 
 #: Presses outside the grammar: name -> (factory of the compression ratio, or None for a press built
@@ -175,6 +176,10 @@ STATUS: dict[str, tuple[str, str]] = {
        for s in ("keydiff", "expected_attention") for a in (25, 50, 75)},
     **{f"cross_kvzip_block8_a{a}": ("measured", f"KVzip's top blocks for {a} % of each head's budget, the rest "
                                      "priority-sampled from pi_min-h, corrected (docs/three-regimes.md)") for a in (50, 75)},
+    "topk_kvzip_layers": ("measured", "KVzip's scores, its allocation over layers, the same count in each head of a "
+                          "layer: real eviction at kvpress's bytes (docs/three-regimes.md)"),
+    "cross_kvzip_block8_a50_layers": ("measured", "cross_kvzip_block8_a50 under KVzip's allocation over layers "
+                                      "(docs/three-regimes.md)"),
     "cross_keydiff_block8_a50_nocorr": ("measured", "cross_keydiff_block8_a50 without the correction "
                                         "(docs/three-regimes.md)"),
     "keydiff": ("measured", f"39.1 / 25.3 at r = 0.5 / 0.75 ({_TEST})"),

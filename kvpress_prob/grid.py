@@ -106,6 +106,8 @@ OPTIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "floor": (r"floor", "ThresholdSampler min_keep=0.5: every head keeps half its share", ("prob",)),
     "threshold": (r"threshold", "StratifiedSampler design='threshold' for the sampled rest", ("hybrid",)),
     "nowiden": (r"nowiden", "SpanSampler widen=0: kept spans not widened by a token", ("prob", "topk")),
+    "layers": (r"layers", "KVzip's allocation over layers, the same count in each head of a layer (kvzip only)",
+               ("prob", "topk", "hybrid", "cross")),
     "head": (r"head", "budget='head' (one budget per head)", ("prob", "topk", "hybrid")),
     "global": (r"global", "budget='global' (one budget for the model)", ("prob", "topk", "hybrid")),
     "nocorr": (r"nocorr", "correct=False: the same kept set, no SNIS correction", ("prob", "topk", "hybrid", "cross")),
@@ -243,6 +245,8 @@ def check(parts: Parts, name: str | None = None) -> None:
     if parts.proposal in ("uniform", "kvzip") and set(keys) & {"c", "shared", "w", "s", "rank", "ent", "sum", "seg",
                                                                "tau", "coord", "ht", "strata", "floor"}:
         _refuse(name, f"the {parts.proposal} proposal takes no proposal, draw or summary option")
+    if "layers" in keys and (parts.proposal != "kvzip" or {"head", "global"} & set(keys)):
+        _refuse(name, "layers is KVzip's allocation over layers: the kvzip proposal, without a budget option")
     if parts.proposal == "kvzip" and parts.unit.startswith("span"):
         _refuse(name, "the kvzip proposal takes token or block units")
     if parts.unit.startswith("span") and parts.design not in ("priority", "topk"):
@@ -311,7 +315,7 @@ def build(parts: Parts, compression_ratio: float) -> BasePress:
     if parts.kind == "cross" and parts.proposal == "kvzip":
         sampler = CrossStratifiedSampler(alpha=int(_value(parts, "a")) / 100, size=int(parts.unit[5:]))
         press = KVzipSampledPress(compression_ratio=r, sampler=sampler, budget="head", correct=not _value(parts, "nocorr"),
-                                  tail=MinVarianceProposal(harmonic=True))
+                                  tail=MinVarianceProposal(harmonic=True), layers=bool(_value(parts, "layers")))
     elif parts.kind == "cross":
         exact = ScoreProposal(scorer=SCORERS[parts.proposal]())
         sampler = CrossStratifiedSampler(alpha=int(_value(parts, "a")) / 100, size=int(parts.unit[5:]))
@@ -345,7 +349,7 @@ def build(parts: Parts, compression_ratio: float) -> BasePress:
             press = SamplingPress(proposal=_proposal(parts), sampler=sampler, **kwargs)
         if parts.proposal == "kvzip":
             press = KVzipSampledPress(compression_ratio=r, sampler=press.sampler, budget=press.budget,
-                                      correct=press.correct)
+                                      correct=press.correct, layers=bool(_value(parts, "layers")))
     if _value(parts, "sum"):
         summary = {"n_virtual": int(_value(parts, "sum"))}
         if _value(parts, "seg"):

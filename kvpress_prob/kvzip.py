@@ -60,6 +60,11 @@ class KVzipSampledPress(KVzipPress):
         Install the SNIS correction of a random design (a top-k design keeps weight 1 everywhere).
     floor : float, default 0.01
         Mass of the uniform component mixed into pi (every entry can be drawn).
+    layers : bool, default False
+        KVzip's allocation over layers: each layer keeps, in every head, its share of the global top
+        (1 - r) L H n entries of KVzip's scores divided by its H heads (rounded down), so the layers
+        differ and the heads of a layer do not (no padding; at most kvpress's bytes). False: the
+        ``budget`` scope over the draw.
     tail : Proposal or None, default None
         A second proposal computed from the prefill (``MinVarianceProposal(harmonic=True)``): pi is then
         (b, H, 2, n), KVzip's row first, for a ``CrossStratifiedSampler`` (required with it).
@@ -72,6 +77,7 @@ class KVzipSampledPress(KVzipPress):
     seed: int = 0
     correct: bool = True
     floor: float = 0.01
+    layers: bool = False
     tail: Proposal | None = None
 
     def __post_init__(self):
@@ -83,10 +89,21 @@ class KVzipSampledPress(KVzipPress):
         self.evictor()  # checks the ratio, budget and sampler now
         super().__post_init__()
 
-    def evictor(self) -> SamplingPress:
+    def evictor(self, compression_ratio: float | None = None) -> SamplingPress:
         """The SamplingPress that evicts (its proposal is unused: pi comes from KVzip's scores)."""
-        return SamplingPress(proposal=UniformProposal(), sampler=self.sampler, compression_ratio=self.compression_ratio,
-                             budget=self.budget, seed=self.seed, correct=self.correct)
+        ratio = self.compression_ratio if compression_ratio is None else compression_ratio
+        return SamplingPress(proposal=UniformProposal(), sampler=self.sampler, compression_ratio=ratio,
+                             budget="head" if self.layers else self.budget, seed=self.seed, correct=self.correct)
+
+    def layer_counts(self, scores: torch.Tensor) -> list[int]:
+        """Per layer, the entries each head keeps under KVzip's allocation (``layers``): the layer's share of
+        the global top (1 - r) L H n of ``scores`` (L, b, H, n), divided by H and rounded down (at least 1)."""
+        L, b, H, n = scores.shape
+        total = int((1.0 - self.compression_ratio) * L * b * H * n + 1e-6)
+        flat = scores.reshape(-1)
+        top = flat.topk(total).indices if total > 0 else flat.new_zeros(0, dtype=torch.long)
+        per_layer = torch.bincount(top // (b * H * n), minlength=L)
+        return [max(1, min(n, int(c) // (b * H))) for c in per_layer]
 
     @contextmanager
     def __call__(self, model):
@@ -138,8 +155,13 @@ class KVzipSampledPress(KVzipPress):
         modules = [layer.self_attn for layer in language_model(model).layers]
         if self.tail is not None:  # (L, b, H, 2, n): KVzip's row chooses the exact set
             pi = torch.stack([pi, torch.stack([self._tails[m.layer_idx].to(pi.device).float() for m in modules])], dim=3)
-        self.evictor().evict(self._cache, {m: pi[m.layer_idx].to(self._cache.layers[m.layer_idx].keys.device)
-                                            for m in modules})
+        if not self.layers:
+            self.evictor().evict(self._cache, {m: pi[m.layer_idx].to(self._cache.layers[m.layer_idx].keys.device)
+                                                for m in modules})
+            return
+        n = scores.shape[-1]
+        for m, k in zip(modules, self.layer_counts(scores)):
+            self.evictor(1.0 - k / n).evict(self._cache, {m: pi[m.layer_idx].to(self._cache.layers[m.layer_idx].keys.device)})
 
 
 __all__ = ["KVzipSampledPress", "SCORE_CACHE"]

@@ -85,3 +85,20 @@ def test_cross_kvzip_keeps_kvzip_blocks_and_a_corrected_min_h_tail():
         assert torch.allclose(seen[module.layer_idx], pi, rtol=1e-5, atol=1e-8)
     with pytest.raises(ValueError, match="tail"):
         KVzipSampledPress(compression_ratio=0.5, sampler=CrossStratifiedSampler())
+
+
+def test_allocation_over_layers_holds_at_most_kvpress_bytes_without_padding():
+    model, n = tiny_model("qwen3"), 64
+    ids = random_ids(n, seed=7)
+    kvzip._SCORES.clear()
+    press = get_press("topk_kvzip_layers", 0.5)
+    cache = press_prefill(model, ids, press)
+    scores = next(iter(kvzip._SCORES.values())).float().clone()
+    scores[..., : press.n_sink] = scores.amax() + 1
+    counts = press.layer_counts(scores)
+    assert [layer.keys.shape[2] for layer in cache.layers] == counts  # every head of a layer keeps the same count
+    L, H = len(cache.layers), cache.layers[0].keys.shape[1]
+    assert sum(counts) * H <= int(0.5 * L * H * n) and sum(counts) * H > int(0.5 * L * H * n) - L * H
+    flat = scores.reshape(-1)
+    top = flat.topk(int(0.5 * flat.numel())).indices // (H * n)
+    assert counts == [max(1, int((top == layer).sum()) // H) for layer in range(L)]
