@@ -176,10 +176,10 @@ STATUS: dict[str, tuple[str, str]] = {
        for s in ("keydiff", "expected_attention") for a in (25, 50, 75)},
     **{f"cross_kvzip_block8_a{a}": ("measured", f"KVzip's top blocks for {a} % of each head's budget, the rest "
                                      "priority-sampled from pi_min-h, corrected (docs/three-regimes.md)") for a in (50, 75)},
-    "topk_kvzip_layers": ("measured", "KVzip's scores, its allocation over layers, the same count in each head of a "
-                          "layer: real eviction at kvpress's bytes (docs/three-regimes.md)"),
-    "cross_kvzip_block8_a50_layers": ("measured", "cross_kvzip_block8_a50 under KVzip's allocation over layers "
-                                      "(docs/three-regimes.md)"),
+    "topk_kvzip_layers": ("recommended", "RECOMMENDED: first by maximin on dev (worst q 0.206, recall; RULER 0.455, "
+                          "prose 0.512): KVzip's scores and allocation over layers, real eviction at kvpress's bytes"),
+    "cross_kvzip_block8_a50_layers": ("recommended", "RECOMMENDED_PROSE: the best prose press of the dev pool (q 1.000), "
+                                      "RULER q 0.305, recall 0.129 (results/rule/dev-maximin.md)"),
     "cross_keydiff_block8_a50_nocorr": ("measured", "cross_keydiff_block8_a50 without the correction "
                                         "(docs/three-regimes.md)"),
     "keydiff": ("measured", f"39.1 / 25.3 at r = 0.5 / 0.75 ({_TEST})"),
@@ -204,9 +204,12 @@ STATUS: dict[str, tuple[str, str]] = {
     "expected_attention_adaptive": ("rejected", "AdaKV is far ahead at r = 0.75: -35.7 [-51.1, -20.2] "
                                     "(the allocation stays near uniform)"),
     "knorm_adaptive": ("measured", "+20.8 [+6.8, +34.8] over adakv_knorm at r = 0.25 (32 test examples)"),
-    "hybrid_keydiff_block8_a90": ("recommended", "RECOMMENDED_RETRIEVAL: first on RULER dev (win 0.809); 33rd of 40 "
+    "hybrid_keydiff_block8_a90": ("recommended", "RECOMMENDED_RETRIEVAL: best RULER q among equal-memory presses on dev "
+                                  "(0.707), prose q 0.154, recall q 0.051 (results/rule/dev-maximin.md); before: "
+                                  "first on RULER dev (win 0.809); 33rd of 40 "
                                   "on prose dev (KL 2.82x h2o at r = 0.5, 7 windows); results/rule/dev-rule.md"),
-    "prob_min_h_priority": ("recommended", "RECOMMENDED = RECOMMENDED_PROSE: first on prose dev (win 0.938; KL 0.68x "
+    "prob_min_h_priority": ("measured", "the previous RECOMMENDED (two-regime rule); holds 1.13x top-k's bytes "
+                            "(padding): no candidate under the maximin rule. First on prose dev (win 0.938; KL 0.68x "
                             "topk_min_h at r = 0.75, 7 windows); RULER dev win 0.405; results/rule/dev-rule.md"),
     "hybrid_tova_block8_a50": ("measured", "RULER dev win 0.567, prose dev 0.527 (results/rule/dev-rule.md)"),
     "hybrid_tova_block8_a90": ("measured", "RULER dev win 0.634, prose dev 0.256 (results/rule/dev-rule.md)"),

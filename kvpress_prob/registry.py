@@ -13,8 +13,8 @@ own evaluation); the paper's sampling presses ``prob_<proposal>`` (pi_min, pi_mi
 scores) with their uncorrected ablation ``_nocorr``; and ours: other proposals and draws, threshold
 and priority designs, blocks, their top-k twins ``topk_*``, head-adaptive top-k ``<scorer>_adaptive``,
 stratified hybrids ``hybrid_*``, evicted-set summaries ``*_sum<c>``, calibrated proposals
-``*_rank`` / ``*_ent`` and span units ``*_span8``. ``RECOMMENDED`` names the probabilistic press
-chosen on the development split (docs/protocol.md, "Splits").
+``*_rank`` / ``*_ent`` and span units ``*_span8``. ``RECOMMENDED`` names the press chosen on the three
+development splits by the maximin rule (docs/recommendation-rule.md).
 """
 
 from __future__ import annotations
@@ -76,13 +76,16 @@ HYBRIDS = {name: f for name, f in _where(kind="hybrid").items() if CATALOGUE[nam
 SUMMARIES = {name: PRESSES[name] for name, entry in CATALOGUE.items() if entry.family == "summaries"}
 
 
-#: The recommendations, chosen on the two development splits (RULER and prose) by the rule of
-#: docs/recommendation-rule.md, written before any prose result was read (results/rule/dev-rule.md):
-#: the sampling press with the best mean of its two win scores, and the best in each regime. No single
-#: press leads both: RECOMMENDED is first on prose and below average on RULER. Until 2026-12-01 (RULER
-#: only, results/dev/recommended.md) RECOMMENDED was ``hybrid_keydiff_block8_a90``.
-RECOMMENDED = "prob_min_h_priority"
-RECOMMENDED_PROSE = "prob_min_h_priority"
+#: The recommendations, chosen on the three development splits (RULER, prose, natural-text recall) by the
+#: maximin rule of docs/recommendation-rule.md, written before any of their new results was read
+#: (results/rule/dev-maximin.md): RECOMMENDED maximises the worst of its three scores relative to each regime's
+#: best press, among the presses holding at most kvpress top-k's bytes (+1 %) on the cache. It is a top-k press:
+#: KVzip's reconstruction scores (kvpress) with KVzip's allocation over layers and real eviction. The per-regime
+#: picks cost much elsewhere (docs/three-regimes.md): RECOMMENDED_PROSE (sampled, corrected) trails on RULER and
+#: recall, RECOMMENDED_RETRIEVAL on prose and recall. Before 2026-12-01 evening: RECOMMENDED = prob_min_h_priority
+#: (the two-regime rule), and before that hybrid_keydiff_block8_a90 (RULER only).
+RECOMMENDED = "topk_kvzip_layers"
+RECOMMENDED_PROSE = "cross_kvzip_block8_a50_layers"
 RECOMMENDED_RETRIEVAL = "hybrid_keydiff_block8_a90"
 
 
