@@ -20,7 +20,7 @@ from evaluation.aggregate import REFERENCE
 
 REGIMES = {"ruler": ("score", True), "prose": ("kl", False), "recall": ("kl", False)}  # value, higher is better
 TOLERANCE = 0.01
-TOPK = "snapkv"  # kvpress's top-k: every kvpress scorer keeps the same count per head
+TOPK = ("snapkv", "tova", "keydiff")  # kvpress's top-k (the first present): every scorer keeps one count per head
 
 
 def complete(df: pd.DataFrame) -> pd.DataFrame:
@@ -65,7 +65,8 @@ def maximin(frames: dict[str, pd.DataFrame], ratios=(0.5, 0.75), memory=("prose"
             columns[f"q_{regime}_{r:g}"] = q.xs(r, level="compression_ratio")
         if regime in memory:
             h = held(df)
-            helds.append(h / h.xs(TOPK, level="press").reindex(h.index, level="compression_ratio").to_numpy())
+            topk = next(p for p in TOPK if p in h.index.get_level_values("press"))
+            helds.append(h / h.xs(topk, level="press").reindex(h.index, level="compression_ratio").to_numpy())
     table = pd.DataFrame(columns).dropna()
     for regime in REGIMES:
         table[f"q_{regime}"] = table[[f"q_{regime}_{r:g}" for r in ratios]].mean(axis=1)
