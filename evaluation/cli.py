@@ -250,6 +250,14 @@ def cmd_presses(args) -> None:
         print("\n".join(family_table(every=args.all)))
 
 
+def cmd_recall(args):
+    from evaluation.recall import cli as recall
+
+    if args.recall_command == "run":
+        return recall.cmd_run(args, _load, _model_name)
+    return recall.cmd_report(args)
+
+
 def cmd_prose(args):
     from evaluation.prose import cli as prose
 
@@ -408,8 +416,10 @@ def parser() -> argparse.ArgumentParser:
     ps.add_argument("--all", action="store_true", help="every registered name, with its status and finding")
 
     from evaluation.prose.cli import add_parser as add_prose
+    from evaluation.recall.cli import add_parser as add_recall
 
     add_prose(sub, add, _ratio, _positive_int, _model_option)
+    add_recall(sub, add, _ratio, _positive_int, _model_option)
 
     from evaluation.streaming.cli import add_parsers
 
@@ -438,7 +448,8 @@ def main(argv: list[str] | None = None) -> None:
     command = {"stream": lambda a: cmd_stream(a, _load, _model_name), "stream-report": cmd_stream_report,
                "generate": cmd_generate, "run": cmd_run, "merge": cmd_merge, "report": cmd_report,
                "reproduce": cmd_reproduce, "demo": cmd_demo, "presses": cmd_presses,
-               "compare": cmd_compare, "prose": cmd_prose}[args.command]
+               "compare": cmd_compare, "prose": cmd_prose,
+               "recall": cmd_recall}[args.command]
     try:
         command(args)
     except (FileNotFoundError, manifest.ManifestMismatch) as error:  # missing assets and paths, mixed settings

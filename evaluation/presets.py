@@ -5,7 +5,7 @@ The demo's presses are ``DEMO_PRESSES``: change them there, nowhere else.
 
 from __future__ import annotations
 
-from kvpress_prob.registry import RECOMMENDED, RECOMMENDED_RETRIEVAL
+from kvpress_prob.registry import RECOMMENDED, RECOMMENDED_PROSE, RECOMMENDED_RETRIEVAL
 
 PAPER_METHODS = ["streaming_llm", "snapkv", "tova", "h2o", "knorm", "prob_min", "prob_min_h", "prob_h2o", "prob_h2o_h"]
 PAPER_RATIOS = [0.1, 0.25, 0.5, 0.75, 0.9]
@@ -13,7 +13,7 @@ PAPER_RATIOS = [0.1, 0.25, 0.5, 0.75, 0.9]
 # make demo = the cpu-quick preset: these presses at these ratios, one example per offline RULER task:
 # the press recommended for retrieval next to the best top-k presses of RULER's development split
 # (kvpress's KeyDiff, and top-k over blocks of KeyDiff's scores, the recommended press's deterministic twin).
-DEMO_PRESSES = ["keydiff", "topk_keydiff_block8", RECOMMENDED_RETRIEVAL]
+DEMO_PRESSES = ["keydiff", "topk_keydiff_block8", RECOMMENDED_RETRIEVAL, RECOMMENDED]
 DEMO_RATIOS = [0.5, 0.75]
 
 PRESETS = {
@@ -27,9 +27,10 @@ PRESETS = {
 
 # make demo's prose part (``kvprob prose run``): the first window of 2 development essays, prefill n = 1024,
 # the next 256 tokens teacher-forced; the best kvpress top-k press of the prose development split (h2o) next to
-# the two recommendations (retrieval, and prose = RECOMMENDED).
+# the three recommendations (RECOMMENDED by maximin over three regimes, and the retrieval and prose picks).
 PROSE_DEMO = dict(split="dev", context=1024, max_windows=2, max_per_essay=1,
-                  presses=["h2o", RECOMMENDED_RETRIEVAL, RECOMMENDED], ratios=[0.5, 0.75], seeds=[0, 1, 2])
+                  presses=["h2o", RECOMMENDED_RETRIEVAL, RECOMMENDED_PROSE, RECOMMENDED], ratios=[0.5, 0.75],
+                  seeds=[0, 1, 2])
 
 # Where each preset writes by default, and the committed runs ``make demo`` compares itself with.
 DEMO_OUT = "results/demo"

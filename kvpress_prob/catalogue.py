@@ -57,7 +57,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            "docs/findings.md#3-test-split"),
     Family("ours", "adaptive", "<scorer>_adaptive", "AdaKV's budget (Feng et al. 2024), memory freed", "measured",
            "frees 1 - r of the cache where AdaKV frees nothing", "docs/findings.md#adaptive-top-k"),
-    Family("ours", "hybrids", "hybrid_<proposal>_block<k>_a<pct>[_threshold|_global]", "ours", "measured",
+    Family("ours", "hybrids", "hybrid_<proposal>_block<k>_a<pct>[_threshold|_global], cross_<scorer>_block<k>_a<pct>",
+           "ours; cross: after Error Certificates (arXiv 2607.21475)", "measured",
            "the first sampling designs within noise of the best top-k", "docs/findings.md#6-the-new-recommended-on-the-test-split"),
     Family("ours", "summaries", "<press>_sum<V>[_seg][_tau<t>]", "ours", "measured",
            "lower the attention error by a fifth, move no answer beyond noise (equal memory)",
@@ -91,8 +92,8 @@ def family_of(parts: Parts) -> str:
         return "calibrated"
     if parts.kind in ("kvpress", "adakv"):
         return {"kvpress": "top-k", "adakv": "AdaKV"}[parts.kind]
-    if parts.kind in ("adaptive", "hybrid"):
-        return {"adaptive": "adaptive", "hybrid": "hybrids"}[parts.kind]
+    if parts.kind in ("adaptive", "hybrid", "cross"):
+        return {"adaptive": "adaptive", "hybrid": "hybrids", "cross": "hybrids"}[parts.kind]
     if parts.kind == "topk":
         return "top-k twins"
     if parts.unit.startswith("block"):
@@ -106,7 +107,8 @@ def family_of(parts: Parts) -> str:
 
 #: The registered points of the grid, in the order ``kvprob presses --all`` lists them.
 REGISTERED: list[Parts] = [
-    *grid("kvpress", ["streaming_llm", "snapkv", "tova", "h2o", "knorm", "expected_attention", "keydiff", "lagkv"]),
+    *grid("kvpress", ["streaming_llm", "snapkv", "tova", "h2o", "knorm", "expected_attention", "keydiff", "lagkv",
+                      "kvzip"]),
     *grid("adakv", ["snapkv", "tova", "knorm", "keydiff", "lagkv"]),
     *grid("prob", PAPER_PROPOSALS, options=_NC),
     *grid("prob", ["min"], options=[("c",), ("c", "nocorr"), ("shared",)]),
@@ -135,6 +137,14 @@ REGISTERED: list[Parts] = [
     *grid("kvpress", ["keydiff", "tova", "knorm"], options=[(f"sum{c}", f"tau{t}") for c in (4, 16) for t in (0.5, 0.1)]),
     *grid("topk", ["tova", "keydiff"], units=["block8"], options=[("sum4",)]),
     *grid("hybrid", ["keydiff"], units=["block8"], options=[("a75", "sum4"), ("a75", "global", "sum4")]),
+    *grid("cross", ["keydiff"], units=["block8"], options=[("a25",), ("a50",), ("a75",), ("a50", "nocorr")]),
+    *grid("cross", ["expected_attention"], units=["block8"], options=[("a25",), ("a50",), ("a75",)]),
+    *grid("prob", ["uniform"], designs=["priority"], options=[("head",)]),
+    *grid("topk", ["kvzip"], options=[("head",)]),
+    *grid("prob", ["kvzip"], designs=["priority"], options=[("head",)]),
+    *grid("hybrid", ["kvzip"], units=["block8"], options=[("a50",)]),
+    *grid("cross", ["kvzip"], units=["block8"], options=[("a50",), ("a75",), ("a50", "layers")]),
+    *grid("topk", ["kvzip"], options=[("layers",)]),
 ]
 
 #: Presses outside the grammar: name -> (factory of the compression ratio, or None for a press built
@@ -152,6 +162,26 @@ _TEST = "test split, 32 examples"
 #: Per-name statuses, where a name differs from its family's.
 STATUS: dict[str, tuple[str, str]] = {
     "snapkv": ("measured", "near 0 on this model (6.7 at r = 0.5, 66 examples)"),
+    "kvzip": ("measured", "kvpress's KVzipPress: query-agnostic context reconstruction; masks, holds the full cache"),
+    "topk_kvzip_head": ("measured", "KVzip's scores, kvpress's per-head count, real eviction: kvzip at equal memory "
+                        "(kvpress_prob/kvzip.py, docs/three-regimes.md)"),
+    "prob_kvzip_priority_head": ("measured", "KVzip's scores as the proposal, priority-sampled, corrected "
+                                 "(docs/three-regimes.md)"),
+    "hybrid_kvzip_block8_a50": ("measured", "KVzip's top blocks for half the budget, the rest sampled from its scores "
+                                "(docs/three-regimes.md)"),
+    "prob_uniform_priority_head": ("measured", "uniform random per-head eviction (arXiv 2609.03430's baseline) at "
+                                   "kvpress's count: the floor (docs/three-regimes.md)"),
+    **{f"cross_{s}_block8_a{a}": ("measured", f"exact {s} blocks for {a} % of each head's budget, the rest "
+                                  "priority-sampled from pi_min-h, corrected (docs/three-regimes.md)")
+       for s in ("keydiff", "expected_attention") for a in (25, 50, 75)},
+    **{f"cross_kvzip_block8_a{a}": ("measured", f"KVzip's top blocks for {a} % of each head's budget, the rest "
+                                     "priority-sampled from pi_min-h, corrected (docs/three-regimes.md)") for a in (50, 75)},
+    "topk_kvzip_layers": ("recommended", "RECOMMENDED: first by maximin on dev (worst q 0.206, recall; RULER 0.455, "
+                          "prose 0.512): KVzip's scores and allocation over layers, real eviction at kvpress's bytes"),
+    "cross_kvzip_block8_a50_layers": ("recommended", "RECOMMENDED_PROSE: the best prose press of the dev pool (q 1.000), "
+                                      "RULER q 0.305, recall 0.129 (results/rule/dev-maximin.md)"),
+    "cross_keydiff_block8_a50_nocorr": ("measured", "cross_keydiff_block8_a50 without the correction "
+                                        "(docs/three-regimes.md)"),
     "keydiff": ("measured", f"39.1 / 25.3 at r = 0.5 / 0.75 ({_TEST})"),
     "adakv_knorm": ("measured", "knorm_adaptive is ahead: +20.8 [+6.8, +34.8] at r = 0.25 (32 test examples)"),
     "prob_min_h_s256": ("measured", "within noise of prob_min_h (-0.4 [-2.3, +1.5], 17 test examples); "
@@ -174,9 +204,12 @@ STATUS: dict[str, tuple[str, str]] = {
     "expected_attention_adaptive": ("rejected", "AdaKV is far ahead at r = 0.75: -35.7 [-51.1, -20.2] "
                                     "(the allocation stays near uniform)"),
     "knorm_adaptive": ("measured", "+20.8 [+6.8, +34.8] over adakv_knorm at r = 0.25 (32 test examples)"),
-    "hybrid_keydiff_block8_a90": ("recommended", "RECOMMENDED_RETRIEVAL: first on RULER dev (win 0.809); 33rd of 40 "
+    "hybrid_keydiff_block8_a90": ("recommended", "RECOMMENDED_RETRIEVAL: best RULER q among equal-memory presses on dev "
+                                  "(0.707), prose q 0.154, recall q 0.051 (results/rule/dev-maximin.md); before: "
+                                  "first on RULER dev (win 0.809); 33rd of 40 "
                                   "on prose dev (KL 2.82x h2o at r = 0.5, 7 windows); results/rule/dev-rule.md"),
-    "prob_min_h_priority": ("recommended", "RECOMMENDED = RECOMMENDED_PROSE: first on prose dev (win 0.938; KL 0.68x "
+    "prob_min_h_priority": ("measured", "the previous RECOMMENDED (two-regime rule); holds 1.13x top-k's bytes "
+                            "(padding): no candidate under the maximin rule. First on prose dev (win 0.938; KL 0.68x "
                             "topk_min_h at r = 0.75, 7 windows); RULER dev win 0.405; results/rule/dev-rule.md"),
     "hybrid_tova_block8_a50": ("measured", "RULER dev win 0.567, prose dev 0.527 (results/rule/dev-rule.md)"),
     "hybrid_tova_block8_a90": ("measured", "RULER dev win 0.634, prose dev 0.256 (results/rule/dev-rule.md)"),

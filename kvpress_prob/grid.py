@@ -12,6 +12,15 @@ back by ``parse_name`` and built by ``build``. The kinds of name and their prefi
 - ``adaptive``: head-adaptive top-k that frees memory, one budget per layer (``snapkv_adaptive``).
 - ``hybrid``: blocks, each head's top ``a<percent>`` of its allocation kept exactly, the rest sampled
   (``hybrid_keydiff_block8_a90``).
+- ``cross``: cross-proposal hybrids (``kvpress_prob.cross``): the ``a<percent>`` share of each head's
+  budget kept exactly as the blocks with the largest scores of a kvpress scorer, the rest priority-sampled
+  from pi_min-h with the correction (``cross_keydiff_block8_a50``); always a per-head budget.
+
+kvpress's ``KVzipPress`` is the kvpress-kind name ``kvzip`` (it masks, as AdaKV does, and frees nothing);
+the proposal ``kvzip`` is its reconstruction scores kept by our designs with real eviction
+(``kvpress_prob.kvzip``: ``topk_kvzip_head`` is its equal-memory twin).
+The proposal ``uniform`` is random eviction's: ``prob_uniform_priority_head`` is uniform random
+per-head eviction at kvpress's per-head count.
 
 Units: ``token`` (unwritten), ``block<k>`` (``BlockSampler``), ``span<k>`` (word-aligned, ``SpanPress``).
 Designs (``prob``): ``poisson`` (the paper's draws; unwritten on tokens), ``threshold`` (unwritten on
@@ -28,11 +37,13 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Callable
 
-from kvpress import (AdaKVPress, BasePress, ExpectedAttentionPress, KeyDiffPress, KnormPress, LagKVPress,
-                     SnapKVPress, StreamingLLMPress, TOVAPress)
+from kvpress import (AdaKVPress, BasePress, ExpectedAttentionPress, KeyDiffPress, KnormPress, KVzipPress,
+                     LagKVPress, SnapKVPress, StreamingLLMPress, TOVAPress)
 
 from kvpress_prob.calibration import CalibratedProposal
+from kvpress_prob.cross import CrossStratifiedSampler, PairProposal, UniformProposal
 from kvpress_prob.h2o import EagerObservedAttentionPress
+from kvpress_prob.kvzip import KVzipSampledPress
 from kvpress_prob.press import SamplingPress
 from kvpress_prob.proposals import (H2OProposal, MinVarianceProposal, Proposal, SampledMinVarianceProposal,
                                    ScoreProposal)
@@ -63,16 +74,21 @@ PROPOSALS: dict[str, Callable[[], Proposal]] = {
     "min": lambda: MinVarianceProposal(harmonic=False),
     "min_h": lambda: MinVarianceProposal(harmonic=True),
     "min_h_s256": lambda: SampledMinVarianceProposal(query_rows=256),  # 256 sampled query rows, O(s n)
+    "uniform": UniformProposal,  # random eviction's (kvpress_prob.cross)
+    "kvzip": UniformProposal,  # placeholder: KVzip's scores come from its reconstruction pass (kvpress_prob.kvzip)
 }
 
-KINDS = ("kvpress", "adakv", "prob", "topk", "adaptive", "hybrid")
-PREFIXES = {"adakv": "adakv_", "prob": "prob_", "topk": "topk_", "hybrid": "hybrid_"}
+#: kvpress presses named by kind ``kvpress`` that are not scorers (no proposal of that name).
+KVPRESS_OTHER: dict[str, Callable[..., BasePress]] = {"kvzip": KVzipPress}
+
+KINDS = ("kvpress", "adakv", "prob", "topk", "adaptive", "hybrid", "cross")
+PREFIXES = {"adakv": "adakv_", "prob": "prob_", "topk": "topk_", "hybrid": "hybrid_", "cross": "cross_"}
 #: kvpress's wrapper that a scorer's kvpress name already carries (kvpress's own evaluation registry).
 KVPRESS_WRAPPED = {"expected_attention": "adakv"}
 
 #: Designs of each kind: the first is written nowhere (the kind's or the unit's default).
 DESIGNS = {"prob": ("poisson", "threshold", "priority"), "topk": ("topk",), "adaptive": ("topk",),
-           "hybrid": ("stratified",), "kvpress": ("topk",), "adakv": ("topk",)}
+           "hybrid": ("stratified",), "cross": ("stratified",), "kvpress": ("topk",), "adakv": ("topk",)}
 UNIT = re.compile(r"^(token|block(\d+)|span(\d+))$")
 
 #: Options in the order they are written: (pattern, what it sets, which kinds may use it).
@@ -83,16 +99,18 @@ OPTIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "s": (r"s(\d+)", "proposal sharpness=<k> (pi proportional to pi^k)", ("prob",)),
     "rank": (r"rank", "CalibratedProposal(calibration='rank'): pi by the scorer's rank", ("prob",)),
     "ent": (r"ent", "CalibratedProposal(calibration='entropy'): entropy-matched softmax", ("prob",)),
-    "a": (r"a(\d+)", "StratifiedSampler alpha=<k>/100: the top share of each head kept exactly", ("hybrid",)),
+    "a": (r"a(\d+)", "StratifiedSampler alpha=<k>/100: the top share of each head kept exactly", ("hybrid", "cross")),
     "strata": (r"strata", "PoissonSampler alpha=0.5: the top half of each head's allocation kept", ("prob",)),
     "coord": (r"coord", "PoissonSampler coordinated=True: one uniform per position for all heads", ("prob",)),
     "ht": (r"ht", "PoissonSampler inclusion_weights=True: Horvitz-Thompson weights 1/q_i", ("prob",)),
     "floor": (r"floor", "ThresholdSampler min_keep=0.5: every head keeps half its share", ("prob",)),
     "threshold": (r"threshold", "StratifiedSampler design='threshold' for the sampled rest", ("hybrid",)),
     "nowiden": (r"nowiden", "SpanSampler widen=0: kept spans not widened by a token", ("prob", "topk")),
+    "layers": (r"layers", "KVzip's allocation over layers, the same count in each head of a layer (kvzip only)",
+               ("prob", "topk", "hybrid", "cross")),
     "head": (r"head", "budget='head' (one budget per head)", ("prob", "topk", "hybrid")),
     "global": (r"global", "budget='global' (one budget for the model)", ("prob", "topk", "hybrid")),
-    "nocorr": (r"nocorr", "correct=False: the same kept set, no SNIS correction", ("prob", "topk", "hybrid")),
+    "nocorr": (r"nocorr", "correct=False: the same kept set, no SNIS correction", ("prob", "topk", "hybrid", "cross")),
     "sum": (r"sum(\d+)", "summary n_virtual=<V>: V virtual entries per KV head, charged to the budget", KINDS),
     "seg": (r"seg", "summary grouping='segments' (position segments, not k-means)", KINDS),
     "tau": (r"tau(\d+(?:\.\d+)?)", "summary weight=<tau>: log-weight log(tau count)", KINDS),
@@ -170,7 +188,8 @@ def press_name(parts: Parts) -> str:
 
 def _names(kind: str):
     """The scorers or proposals a name of ``kind`` may start with."""
-    return {"kvpress": [*SCORERS, "h2o"], "adakv": list(SCORERS), "adaptive": list(SCORERS)}.get(kind, PROPOSALS)
+    return {"kvpress": [*SCORERS, "h2o", *KVPRESS_OTHER], "adakv": list(SCORERS), "adaptive": list(SCORERS),
+            "cross": [*SCORERS, "kvzip"]}.get(kind, PROPOSALS)
 
 
 def _longest(names, words: list[str]) -> str | None:
@@ -232,8 +251,19 @@ def check(parts: Parts, name: str | None = None) -> None:
         _refuse(name, f"kind {kind!r} keeps tokens, not {parts.unit!r}")
     if kind == "adakv" and KVPRESS_WRAPPED.get(parts.proposal) == "adakv":
         _refuse(name, f"{parts.proposal!r} already runs under AdaKV")
-    if kind == "hybrid" and (not parts.unit.startswith("block") or "a" not in keys):
-        _refuse(name, "a hybrid needs a block unit and an a<percent> option")
+    if kind in ("hybrid", "cross") and (not parts.unit.startswith("block") or "a" not in keys):
+        _refuse(name, f"a {kind} press needs a block unit and an a<percent> option")
+    if kind == "cross" and (parts.proposal not in [*SCORERS, "kvzip"] or not 0 <= int(_value(parts, "a")) <= 100):
+        _refuse(name, "a cross press names a kvpress scorer (its exact set) and a<percent> in 0..100")
+    if kind in ("kvpress", "adakv") and parts.proposal in KVPRESS_OTHER and (kind != "kvpress" or parts.options):
+        _refuse(name, f"{parts.proposal!r} is kvpress's own press, named alone")
+    if parts.proposal in ("uniform", "kvzip") and set(keys) & {"c", "shared", "w", "s", "rank", "ent", "sum", "seg",
+                                                               "tau", "coord", "ht", "strata", "floor"}:
+        _refuse(name, f"the {parts.proposal} proposal takes no proposal, draw or summary option")
+    if "layers" in keys and (parts.proposal != "kvzip" or {"head", "global"} & set(keys)):
+        _refuse(name, "layers is KVzip's allocation over layers: the kvzip proposal, without a budget option")
+    if parts.proposal == "kvzip" and parts.unit.startswith("span"):
+        _refuse(name, "the kvzip proposal takes token or block units")
     if parts.unit.startswith("span") and parts.design not in ("priority", "topk"):
         _refuse(name, "span units take the priority design (written) or the topk kind")
     if parts.design not in DESIGNS[kind]:
@@ -297,7 +327,18 @@ def build(parts: Parts, compression_ratio: float) -> BasePress:
     """The press that ``parts`` name, at ``compression_ratio``."""
     check(parts)
     r = compression_ratio
-    if parts.kind in ("kvpress", "adakv"):
+    if parts.kind == "cross" and parts.proposal == "kvzip":
+        sampler = CrossStratifiedSampler(alpha=int(_value(parts, "a")) / 100, size=int(parts.unit[5:]))
+        press = KVzipSampledPress(compression_ratio=r, sampler=sampler, budget="head", correct=not _value(parts, "nocorr"),
+                                  tail=MinVarianceProposal(harmonic=True), layers=bool(_value(parts, "layers")))
+    elif parts.kind == "cross":
+        exact = ScoreProposal(scorer=SCORERS[parts.proposal]())
+        sampler = CrossStratifiedSampler(alpha=int(_value(parts, "a")) / 100, size=int(parts.unit[5:]))
+        press = SamplingPress(proposal=PairProposal(exact=exact), sampler=sampler, compression_ratio=r,
+                              budget="head", correct=not _value(parts, "nocorr"))
+    elif parts.kind in ("kvpress", "adakv") and parts.proposal in KVPRESS_OTHER:
+        press = KVPRESS_OTHER[parts.proposal](compression_ratio=r)
+    elif parts.kind in ("kvpress", "adakv"):
         if parts.proposal == "h2o":
             press = EagerObservedAttentionPress(compression_ratio=r)
         else:
@@ -321,6 +362,9 @@ def build(parts: Parts, compression_ratio: float) -> BasePress:
             if parts.unit.startswith("block"):
                 sampler = BlockSampler(size=int(parts.unit[5:]), inner=sampler)
             press = SamplingPress(proposal=_proposal(parts), sampler=sampler, **kwargs)
+        if parts.proposal == "kvzip":
+            press = KVzipSampledPress(compression_ratio=r, sampler=press.sampler, budget=press.budget,
+                                      correct=press.correct, layers=bool(_value(parts, "layers")))
     if _value(parts, "sum"):
         summary = {"n_virtual": int(_value(parts, "sum"))}
         if _value(parts, "seg"):

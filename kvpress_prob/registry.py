@@ -13,8 +13,8 @@ own evaluation); the paper's sampling presses ``prob_<proposal>`` (pi_min, pi_mi
 scores) with their uncorrected ablation ``_nocorr``; and ours: other proposals and draws, threshold
 and priority designs, blocks, their top-k twins ``topk_*``, head-adaptive top-k ``<scorer>_adaptive``,
 stratified hybrids ``hybrid_*``, evicted-set summaries ``*_sum<c>``, calibrated proposals
-``*_rank`` / ``*_ent`` and span units ``*_span8``. ``RECOMMENDED`` names the probabilistic press
-chosen on the development split (docs/protocol.md, "Splits").
+``*_rank`` / ``*_ent`` and span units ``*_span8``. ``RECOMMENDED`` names the press chosen on the three
+development splits by the maximin rule (docs/recommendation-rule.md).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from kvpress import BasePress
 from kvpress_prob.catalogue import NAMED, Entry, entries
 from kvpress_prob.decoding import DECODING_PRESSES
 from kvpress_prob.grid import build, parse_name
+from kvpress_prob.kvzip import KVzipSampledPress
 from kvpress_prob.press import SamplingPress
 from kvpress_prob.samplers import PoissonSampler, Sampler, TopKSampler
 from kvpress_prob.samplers.block import BlockSampler
@@ -76,13 +77,16 @@ HYBRIDS = {name: f for name, f in _where(kind="hybrid").items() if CATALOGUE[nam
 SUMMARIES = {name: PRESSES[name] for name, entry in CATALOGUE.items() if entry.family == "summaries"}
 
 
-#: The recommendations, chosen on the two development splits (RULER and prose) by the rule of
-#: docs/recommendation-rule.md, written before any prose result was read (results/rule/dev-rule.md):
-#: the sampling press with the best mean of its two win scores, and the best in each regime. No single
-#: press leads both: RECOMMENDED is first on prose and below average on RULER. Until 2026-12-01 (RULER
-#: only, results/dev/recommended.md) RECOMMENDED was ``hybrid_keydiff_block8_a90``.
-RECOMMENDED = "prob_min_h_priority"
-RECOMMENDED_PROSE = "prob_min_h_priority"
+#: The recommendations, chosen on the three development splits (RULER, prose, natural-text recall) by the
+#: maximin rule of docs/recommendation-rule.md, written before any of their new results was read
+#: (results/rule/dev-maximin.md): RECOMMENDED maximises the worst of its three scores relative to each regime's
+#: best press, among the presses holding at most kvpress top-k's bytes (+1 %) on the cache. It is a top-k press:
+#: KVzip's reconstruction scores (kvpress) with KVzip's allocation over layers and real eviction. The per-regime
+#: picks cost much elsewhere (docs/three-regimes.md): RECOMMENDED_PROSE (sampled, corrected) trails on RULER and
+#: recall, RECOMMENDED_RETRIEVAL on prose and recall. Before 2026-12-01 evening: RECOMMENDED = prob_min_h_priority
+#: (the two-regime rule), and before that hybrid_keydiff_block8_a90 (RULER only).
+RECOMMENDED = "topk_kvzip_layers"
+RECOMMENDED_PROSE = "cross_kvzip_block8_a50_layers"
 RECOMMENDED_RETRIEVAL = "hybrid_keydiff_block8_a90"
 
 
@@ -145,4 +149,4 @@ def get_press(name: str, compression_ratio: float, **overrides) -> BasePress:
 def is_sampling(name: str, **overrides) -> bool:
     """Whether the named press (with these ``get_press`` overrides) samples: its result depends on the seed."""
     press = get_press(name, 0.5, **overrides)
-    return isinstance(press, SamplingPress) and press.sampler.random
+    return isinstance(press, (SamplingPress, KVzipSampledPress)) and press.sampler.random

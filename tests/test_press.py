@@ -243,8 +243,11 @@ def explicit_answer(model, tokenizer, press, inputs, n_tokens):
     return tokenizer.decode(tokens[:end], skip_special_tokens=True)
 
 
-def test_recommended_press_is_a_sampling_registry_press():
-    from kvpress_prob.registry import RECOMMENDED, is_sampling
+def test_recommended_presses_are_registered_and_prose_samples():
+    from kvpress_prob.kvzip import KVzipSampledPress
+    from kvpress_prob.registry import RECOMMENDED, RECOMMENDED_PROSE, RECOMMENDED_RETRIEVAL, is_sampling
 
-    assert RECOMMENDED in PRESSES and is_sampling(RECOMMENDED)
-    assert isinstance(get_press(RECOMMENDED, 0.5), SamplingPress)
+    assert {RECOMMENDED, RECOMMENDED_PROSE, RECOMMENDED_RETRIEVAL} <= set(PRESSES)
+    assert isinstance(get_press(RECOMMENDED, 0.5), KVzipSampledPress) and not is_sampling(RECOMMENDED)  # top-k
+    assert is_sampling(RECOMMENDED_PROSE) and is_sampling(RECOMMENDED_RETRIEVAL)
+    assert isinstance(get_press(RECOMMENDED_RETRIEVAL, 0.5), SamplingPress)

@@ -1,0 +1,60 @@
+"""Applies the maximin rule of docs/recommendation-rule.md (evaluation/maximin.py) and writes its table.
+
+    python results/rule/apply_maximin.py dev  --ruler D... --prose D... --recall D... [--ratios 0.5 0.75]
+    python results/rule/apply_maximin.py test --ruler D... --prose D... --recall D... --ratios 0.25 0.5 0.75
+
+writes results/rule/<split>-maximin.md (and .csv): every press run in all three regimes, its q per regime
+and ratio, worst, mean, bytes held over kvpress top-k's, and the picks.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from evaluation.maximin import maximin, picks
+from evaluation.report import markdown_table
+from kvpress_prob.registry import is_sampling
+
+
+def frame(dirs):
+    return pd.concat([pd.read_json(Path(d) / "results.jsonl", lines=True) for d in dirs], ignore_index=True)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("split")
+    for regime in ("ruler", "prose", "recall"):
+        p.add_argument(f"--{regime}", nargs="+", required=True)
+    p.add_argument("--ratios", nargs="+", type=float, default=[0.5, 0.75])
+    p.add_argument("--only", nargs="+", default=None, help="restrict the pool to these presses")
+    args = p.parse_args()
+    frames = {r: frame(getattr(args, r)) for r in ("ruler", "prose", "recall")}
+    if args.only:
+        frames = {r: f[f["press"].isin([*args.only, "full"])] for r, f in frames.items()}
+    table = maximin(frames, tuple(args.ratios))
+    chosen = picks(table)
+    table["samples"] = [is_sampling(press) for press in table.index]
+    examples = {r: f.loc[f["press"] != "full", "example_id"].nunique() for r, f in frames.items()}
+    shown = table.drop(columns=[c for c in table.columns if c.count("_") == 2 and c.startswith("q_")])
+    lines = [f"# The maximin rule of docs/recommendation-rule.md, {args.split} split", "",
+             "Command: `python results/rule/apply_maximin.py " + " ".join(sys.argv[1:]) + "`", "",
+             f"Examples (before keeping those every press ran): RULER {examples['ruler']}, prose {examples['prose']} "
+             f"windows, recall {examples['recall']} windows; ratios {args.ratios}. q = 1 is the regime's best press "
+             "of the pool at that ratio (RULER: score / best score; prose, recall: best KL / KL), averaged over the "
+             "ratios. held_vs_topk: the largest, over ratios and the prose and recall records, of bytes held on the "
+             "cache over snapkv's; candidate: at most 1.01.", "",
+             *[f"- **{k}** = `{v}`: worst {table.loc[v, 'worst']:.3f} ({table.loc[v, 'worst_regime']}), q RULER "
+               f"{table.loc[v, 'q_ruler']:.3f}, prose {table.loc[v, 'q_prose']:.3f}, recall {table.loc[v, 'q_recall']:.3f}"
+               for k, v in chosen.items()], "",
+             f"First by worst among all candidates (any origin): `{table[table.candidate].index[0]}`.", "",
+             markdown_table(shown, float_format="{:.3f}"), ""]
+    out = Path(__file__).with_name(f"{args.split}-maximin.md")
+    out.write_text("\n".join(lines))
+    table.to_csv(out.with_suffix(".csv"))
+    print("\n".join(lines[:14]))
+
+
+if __name__ == "__main__":
+    main()

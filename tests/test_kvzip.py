@@ -1,0 +1,104 @@
+"""KVzip's scores under our designs (kvpress_prob/kvzip.py): equal memory on the cache, the kept set of the
+top-k twin is KVzip's per-head top-k of its own scores, sampled designs depend on the seed, scores reused."""
+
+import pytest
+import torch
+
+from evaluation.engine import cache_summary, press_prefill
+from kvpress_prob import kvzip
+from kvpress_prob.kvzip import KVzipSampledPress
+from kvpress_prob.registry import get_press
+from tests.conftest import random_ids, tiny_model
+
+
+def test_equal_memory_and_the_top_k_twin_keeps_the_top_scores():
+    model, n = tiny_model("llama"), 64
+    ids = random_ids(n, seed=4)
+    kvzip._SCORES.clear()
+    topk = get_press("topk_kvzip_head", 0.5)
+    cache = press_prefill(model, ids, topk)
+    full = press_prefill(model, ids, None)
+    scores = next(iter(kvzip._SCORES.values()))  # (L, 1, H, n): computed once, kept
+    assert len(kvzip._SCORES) == 1
+    for layer, (a, b) in enumerate(zip(cache.layers, full.layers)):
+        assert a.keys.shape[2] == n // 2  # kvpress's per-head count, no padding
+        s = scores[layer, 0].float().clone()
+        s[:, : topk.n_sink] = s.max() + 1
+        for h in range(a.keys.shape[1]):
+            keep = s[h].topk(n // 2).indices.sort().values
+            assert torch.equal(a.keys[0, h], b.keys[0, h, keep])
+    assert cache_summary(cache, topk, n)[1] == sum(l.keys.numel() * 4 * 2 // 2 for l in full.layers)
+
+
+def test_sampled_designs_depend_on_the_seed_and_reuse_the_scores():
+    model, n = tiny_model("qwen3"), 64
+    ids = random_ids(n, seed=5)
+    kvzip._SCORES.clear()
+    a = press_prefill(model, ids, get_press("prob_kvzip_priority_head", 0.5, seed=0))
+    calls = []
+    original = KVzipSampledPress.__mro__[1]._perform_kvzip_compression
+    KVzipSampledPress.__mro__[1]._perform_kvzip_compression = lambda self, m, t: calls.append(1) or original(self, m, t)
+    try:
+        b = press_prefill(model, ids, get_press("prob_kvzip_priority_head", 0.5, seed=1))
+        c = press_prefill(model, ids, get_press("hybrid_kvzip_block8_a50", 0.75, seed=0))
+    finally:
+        KVzipSampledPress.__mro__[1]._perform_kvzip_compression = original
+    assert calls == []  # the reconstruction passes ran once, for the first press
+    assert any(not torch.equal(x.keys, y.keys) for x, y in zip(a.layers, b.layers))
+    assert all(x.keys.shape[2] == n // 4 for x in c.layers)
+
+
+def test_refusals():
+    with pytest.raises(ValueError, match="floor"):
+        KVzipSampledPress(compression_ratio=0.5, floor=1.0)
+    with pytest.raises(ValueError, match="budget"):
+        KVzipSampledPress(compression_ratio=0.5, budget="model")
+
+
+def test_cross_kvzip_keeps_kvzip_blocks_and_a_corrected_min_h_tail():
+    from evaluation.engine import Prefill
+    from kvpress_prob.cross import CrossStratifiedSampler
+
+    model, n = tiny_model("llama"), 64
+    ids = random_ids(n, seed=6)
+    press = get_press("cross_kvzip_block8_a50", 0.5, seed=0)
+    assert isinstance(press.sampler, CrossStratifiedSampler) and press.tail is not None
+    cache = press_prefill(model, ids, press)
+    assert all(layer.keys.shape[2] == n // 2 for layer in cache.layers)
+    # the tail proposal is the prefill's pi_min-h: the same as a SamplingPress computes in the shared prefill
+    shared = Prefill(model, ids, [get_press("prob_min_h_priority_head", 0.5)])
+    proposals = shared.proposals_of(get_press("prob_min_h_priority_head", 0.5))
+    seen = {}
+    hook = KVzipSampledPress._tail_hook
+
+    def spy(self, module, args, kwargs, output):
+        out = hook(self, module, args, kwargs, output)
+        seen[module.layer_idx] = self._tails[module.layer_idx]
+        return out
+
+    KVzipSampledPress._tail_hook = spy
+    try:
+        press_prefill(model, ids, get_press("cross_kvzip_block8_a50", 0.5, seed=0))
+    finally:
+        KVzipSampledPress._tail_hook = hook
+    for module, pi in proposals.items():
+        assert torch.allclose(seen[module.layer_idx], pi, rtol=1e-5, atol=1e-8)
+    with pytest.raises(ValueError, match="tail"):
+        KVzipSampledPress(compression_ratio=0.5, sampler=CrossStratifiedSampler())
+
+
+def test_allocation_over_layers_holds_at_most_kvpress_bytes_without_padding():
+    model, n = tiny_model("qwen3"), 64
+    ids = random_ids(n, seed=7)
+    kvzip._SCORES.clear()
+    press = get_press("topk_kvzip_layers", 0.5)
+    cache = press_prefill(model, ids, press)
+    scores = next(iter(kvzip._SCORES.values())).float().clone()
+    scores[..., : press.n_sink] = scores.amax() + 1
+    counts = press.layer_counts(scores)
+    assert [layer.keys.shape[2] for layer in cache.layers] == counts  # every head of a layer keeps the same count
+    L, H = len(cache.layers), cache.layers[0].keys.shape[1]
+    assert sum(counts) * H <= int(0.5 * L * H * n) and sum(counts) * H > int(0.5 * L * H * n) - L * H
+    flat = scores.reshape(-1)
+    top = flat.topk(int(0.5 * flat.numel())).indices // (H * n)
+    assert counts == [max(1, int((top == layer).sum()) // H) for layer in range(L)]
