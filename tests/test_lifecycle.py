@@ -14,6 +14,7 @@ from conftest import random_ids, tiny_model
 from test_composition import run
 from transformers import AttentionInterface, DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from kvpress import KVzipPress
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from kvpress_prob import PRESSES, correction, get_press
@@ -121,10 +122,16 @@ def test_no_hook_remains_once_the_press_exited_and_its_caches_are_freed():
         cache = DynamicCache()
         with torch.no_grad():
             with press(model):
+                # kvpress's KVzip wraps model.model.forward inside the block and hooks the layers only
+                # on exit, to score by reconstruction (ours on its scores add at most the pi_min-h tail's
+                # hook); every other press hooks each layer once
+                hooks = (0, 1) if isinstance(press, KVzipPress) else (1,)
                 for module in modules:
-                    assert len(module._forward_hooks) == 1 and not module._forward_pre_hooks, name
+                    assert len(module._forward_hooks) in hooks and not module._forward_pre_hooks, name
                 out = model(input_ids=ids, past_key_values=cache, logits_to_keep=1)
             model(input_ids=out.logits.argmax(-1), past_key_values=cache, position_ids=torch.tensor([[96]]))
         del cache, out  # freed by reference counting, as a user's cache is (no gc.collect needed)
         for layer, module in zip(language_model(model).layers, modules):
             assert not layer._forward_hooks and not ours(module), (name, ours(module))
+        decoder = language_model(model)  # KVzip's wrapper is gone: the decoder runs its class's forward
+        assert decoder.forward.__func__ is type(decoder).forward, name

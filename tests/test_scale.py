@@ -117,15 +117,22 @@ def test_pi_min_h_chunk_is_bounded_by_the_kv_size():
     assert chunk_rows(keys.to(torch.bfloat16), 9, 1) == 1  # never 0
 
 
+def real_tensors():
+    """The tensors alive in Python that own memory: fake or functional tensors left by an earlier
+    trace (FlexAttention, torch.compile) have no data pointer and hold no bytes."""
+    for obj in gc.get_objects():
+        if type(obj) in (torch.Tensor, torch.nn.Parameter):
+            yield obj
+
+
 def live_bytes(exclude: set) -> int:
     """Bytes of the distinct storages of the tensors alive in Python, except those in ``exclude``."""
     seen, total = set(exclude), 0
-    for obj in gc.get_objects():
-        if isinstance(obj, torch.Tensor):
-            storage = obj.untyped_storage()
-            if storage.data_ptr() not in seen:
-                seen.add(storage.data_ptr())
-                total += storage.nbytes()
+    for obj in real_tensors():
+        storage = obj.untyped_storage()
+        if storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
     return total
 
 
@@ -135,7 +142,7 @@ def test_stack_peaks_at_the_caches_plus_one_layer(monkeypatch):
     import evaluation.engine as engine
 
     gc.collect()
-    before = {t.untyped_storage().data_ptr() for t in gc.get_objects() if isinstance(t, torch.Tensor)}
+    before = {t.untyped_storage().data_ptr() for t in real_tensors()}
     g = torch.Generator().manual_seed(0)
     layers, heads, d, room = 6, 2, 16, 5
     items = [Compressed([torch.randn(1, heads, s, d, generator=g) for _ in range(layers)],
