@@ -58,12 +58,29 @@ def command_line(args) -> str:
         parts += ["--scored-tokens", str(args.scored_tokens)]
     if args.model:
         parts += ["--model", args.model]
-    parts += ["--presses", *args.presses, "--ratios", *[f"{r:g}" for r in args.ratios],
-              "--seeds", *[str(s) for s in args.seeds]]
+    return shlex.join(parts + sweep_options(args))
+
+
+def sweep_options(args) -> list[str]:
+    """The presses, ratios, seeds, window limits and output folder of a run over essay windows, as its
+    command line writes them (prose and recall alike)."""
+    parts = ["--presses", *args.presses, "--ratios", *[f"{r:g}" for r in args.ratios],
+             "--seeds", *[str(s) for s in args.seeds]]
     for option in ("max_per_essay", "max_windows"):
         if getattr(args, option) is not None:
             parts += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
-    return shlex.join(parts + ["--out", str(args.out)])
+    return parts + ["--out", str(args.out)]
+
+
+def check_presses(names) -> None:
+    """Stop with the registry's error for a name that is neither registered nor a valid grid name."""
+    from kvpress_prob.registry import factory
+
+    for name in names:
+        try:
+            factory(name)
+        except (KeyError, ValueError) as error:
+            sys.exit(f"unknown press {name!r}: {error}")
 
 
 def cmd_run(args, load, model_name) -> Path:
@@ -76,13 +93,8 @@ def cmd_run(args, load, model_name) -> Path:
     from evaluation.prose.measure import order, run
     from evaluation.runner import configurations
     from evaluation.store import ResultStore
-    from kvpress_prob.registry import factory
 
-    for name in args.presses:  # a registered name or any valid grid name; the error lists the valid parts
-        try:
-            factory(name)
-        except (KeyError, ValueError) as error:
-            sys.exit(f"unknown press {name!r}: {error}")
+    check_presses(args.presses)  # a registered name or any valid grid name; the error lists the valid parts
     out = Path(args.out)
     settings = dict(model=model_name(args.model), dataset=DATASET, data_seed=None, context_length=args.context,
                     query_aware=False, split=args.split, scored_tokens=args.scored_tokens)

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from evaluation.prose.cli import check_presses, sweep_options
 from evaluation.recall import CONTEXT, CUE_TOKENS, DATASET, SCORED_TOKENS, SENTENCES, VERSION
 
 
@@ -57,12 +58,7 @@ def command_line(args) -> str:
             parts += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
     if args.model:
         parts += ["--model", args.model]
-    parts += ["--presses", *args.presses, "--ratios", *[f"{r:g}" for r in args.ratios],
-              "--seeds", *[str(s) for s in args.seeds]]
-    for option in ("max_per_essay", "max_windows"):
-        if getattr(args, option) is not None:
-            parts += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
-    return shlex.join(parts + ["--out", str(args.out)])
+    return shlex.join(parts + sweep_options(args))
 
 
 def cmd_run(args, load, model_name) -> Path:
@@ -73,13 +69,8 @@ def cmd_run(args, load, model_name) -> Path:
     from evaluation.recall.measure import run
     from evaluation.runner import configurations
     from evaluation.store import ResultStore
-    from kvpress_prob.registry import factory
 
-    for name in args.presses:
-        try:
-            factory(name)
-        except (KeyError, ValueError) as error:
-            sys.exit(f"unknown press {name!r}: {error}")
+    check_presses(args.presses)
     out = Path(args.out)
     settings = dict(model=model_name(args.model), dataset=DATASET, data_seed=None, context_length=args.context,
                     query_aware=False, split=args.split, scored_tokens=args.scored_tokens)
