@@ -32,14 +32,7 @@ def add_parser(sub, add, ratio, positive_int, model_option) -> None:
                    help=f"context tokens n prefilled per window (the protocol's: {' and '.join(map(str, CONTEXTS))})")
     r.add_argument("--scored-tokens", type=positive_int("--scored-tokens"), default=SCORED_TOKENS,
                    help="continuation tokens T scored teacher-forced")
-    r.add_argument("--presses", nargs="+", required=True, metavar="NAME",
-                   help="registry names (the full cache is always run as the reference)")
-    r.add_argument("--ratios", nargs="+", type=ratio, default=[0.5, 0.75], help="compression ratios in [0, 1)")
-    r.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds of the sampling presses")
-    r.add_argument("--max-per-essay", type=positive_int("--max-per-essay"), default=None,
-                   help="the first windows of each essay only (unset: all)")
-    r.add_argument("--max-windows", type=positive_int("--max-windows"), default=None,
-                   help="at most this many windows: every essay's first, then every essay's second, ... (unset: all)")
+    sweep_arguments(r, ratio, positive_int)
     r.add_argument("--out", required=True, help="results folder (one split and context length per folder)")
     r.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     r.add_argument("--no-report", action="store_true", help="do not write the report at the end")
@@ -59,6 +52,19 @@ def command_line(args) -> str:
     if args.model:
         parts += ["--model", args.model]
     return shlex.join(parts + sweep_options(args))
+
+
+def sweep_arguments(r, ratio, positive_int) -> None:
+    """Add the options of a run over essay windows that ``sweep_options`` writes back but --out: presses,
+    ratios, seeds and window limits (prose and recall alike)."""
+    r.add_argument("--presses", nargs="+", required=True, metavar="NAME",
+                   help="registry names (the full cache is always run as the reference)")
+    r.add_argument("--ratios", nargs="+", type=ratio, default=[0.5, 0.75], help="compression ratios in [0, 1)")
+    r.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds of the sampling presses")
+    r.add_argument("--max-per-essay", type=positive_int("--max-per-essay"), default=None,
+                   help="the first windows of each essay only (unset: all)")
+    r.add_argument("--max-windows", type=positive_int("--max-windows"), default=None,
+                   help="at most this many windows: every essay's first, then every essay's second, ... (unset: all)")
 
 
 def sweep_options(args) -> list[str]:
@@ -88,37 +94,56 @@ def cmd_run(args, load, model_name) -> Path:
     records' model name (the kvprob CLI's own)."""
     import torch
 
-    from evaluation import manifest
     from evaluation.datasets.essays import skipped, windows
     from evaluation.prose.measure import order, run
+
+    def find(tokenizer):
+        found = order(windows(tokenizer, args.context, args.scored_tokens, args.split, args.max_per_essay),
+                      args.max_windows)
+        short = skipped(tokenizer, args.context, args.scored_tokens, args.split)
+        print(f"{args.split}: {len(found)} windows of {len({w.essay for w in found})} essays; {len(short)} essays "
+              f"shorter than one window skipped ({', '.join(short)})", file=sys.stderr)
+        return found
+
+    def measure(model, tokenizer, found, configs, store):
+        return run(model, tokenizer, found, configs, store, model_name=model_name(args.model), split=args.split,
+                   scored_tokens=args.scored_tokens)
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = run_folder(args, load, model_name, DATASET, {}, find, measure, command_line(args))
+    if not args.no_report:
+        cmd_report(argparse.Namespace(results=[out], reference=None, out=None))
+    return out
+
+
+def run_folder(args, load, model_name, dataset: str, version: dict, find, measure, command: str) -> Path:
+    """A run over essay windows into ``args.out`` (prose and recall alike): the presses and the folder's
+    manifest are checked before the model is loaded (``load(args)``) and again with it, ``find(tokenizer)``
+    gives the windows, the run is recorded in the manifest (``command`` its command line), then
+    ``measure(model, tokenizer, windows, configurations, store)`` writes the records not yet in the store.
+    The manifest's identity: ``manifest.identity`` of the run's settings, updated with ``version``."""
+    from evaluation import manifest
     from evaluation.runner import configurations
     from evaluation.store import ResultStore
 
     check_presses(args.presses)  # a registered name or any valid grid name; the error lists the valid parts
     out = Path(args.out)
-    settings = dict(model=model_name(args.model), dataset=DATASET, data_seed=None, context_length=args.context,
+    settings = dict(model=model_name(args.model), dataset=dataset, data_seed=None, context_length=args.context,
                     query_aware=False, split=args.split, scored_tokens=args.scored_tokens)
     data_dir = str(args.context)
-    manifest.check_folder(out, manifest.identity(**settings), data_dir=data_dir)  # before the model is loaded
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    manifest.check_folder(out, manifest.identity(**settings) | version, data_dir=data_dir)  # before the model
     model, tokenizer = load(args)
-    identity = manifest.identity(**settings, loaded_model=model, tokenizer=tokenizer)
+    identity = manifest.identity(**settings, loaded_model=model, tokenizer=tokenizer) | version
     notes = manifest.check_folder(out, identity, data_dir=data_dir)
-    found = order(windows(tokenizer, args.context, args.scored_tokens, args.split, args.max_per_essay), args.max_windows)
-    short = skipped(tokenizer, args.context, args.scored_tokens, args.split)
-    print(f"{args.split}: {len(found)} windows of {len({w.essay for w in found})} essays; {len(short)} essays shorter "
-          f"than one window skipped ({', '.join(short)})", file=sys.stderr)
+    found = find(tokenizer)
     store = ResultStore(out / "results.jsonl")
     entry = manifest.run_entry(n_examples=len(found), tasks=None, decode_batch=1, shard=None, device=str(model.device))
-    manifest.write(store.path, identity, entry | {"command": command_line(args)}, notes)
+    manifest.write(store.path, identity, entry | {"command": command}, notes)
     store.path.touch()
     start = time.perf_counter()
-    written = run(model, tokenizer, found, configurations(args.presses, args.ratios, args.seeds), store,
-                  model_name=model_name(args.model), split=args.split, scored_tokens=args.scored_tokens)
+    written = measure(model, tokenizer, found, configurations(args.presses, args.ratios, args.seeds), store)
     print(f"{written} records written to {store.path} in {time.perf_counter() - start:.0f} s", file=sys.stderr)
-    if not args.no_report:
-        cmd_report(argparse.Namespace(results=[out], reference=None, out=None))
     return out
 
 

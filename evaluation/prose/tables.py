@@ -69,10 +69,10 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
 # --------------------------------------------------------------------------- tables
 
 
-def references(df: pd.DataFrame, reference: str | None = None) -> dict[float, str]:
+def references(df: pd.DataFrame, reference: str | None = None, value: str = "kl") -> dict[float, str]:
     """The reference press at each ratio: ``reference`` if given, else the deterministic (top-k)
-    press with the lowest mean KL over windows there, chosen on the windows it is compared on (a
-    minimum of noisy means: it favours top-k)."""
+    press with the lowest mean ``value`` over windows there, chosen on the windows it is compared on (a
+    minimum of noisy means: it favours top-k); ties go to the first press name."""
     ratios = sorted(df.loc[df["press"] != REFERENCE, "compression_ratio"].unique())
     if reference is not None:
         if reference not in set(df["press"]):
@@ -82,7 +82,7 @@ def references(df: pd.DataFrame, reference: str | None = None) -> dict[float, st
     topk = df[(df["press"] != REFERENCE) & ~df["press"].map(_sampling)]
     if topk.empty:
         raise ValueError("no deterministic press in the results to compare with: pass reference=")
-    means = stats.mean_table(topk, "kl", by=["compression_ratio", "press"])
+    means = stats.mean_table(topk, value, by=["compression_ratio", "press"])
     return {r: g.sort_values(["mean", "press"]).iloc[0]["press"] for r, g in means.groupby("compression_ratio")}
 
 
@@ -279,6 +279,13 @@ def markdown(df: pd.DataFrame, info: dict, reference: str | None = None) -> str:
 def write(paths, out: Path | None = None, reference: str | None = None) -> tuple[Path, str]:
     """Write ``report.md`` and ``summary.csv`` for the results ``paths`` (into ``out``; default the
     first folder). Returns (report path, its text)."""
+    return write_report(paths, out, reference, markdown, summary, references)
+
+
+def write_report(paths, out, reference, markdown, summary, references) -> tuple[Path, str]:
+    """Write ``report.md`` (``markdown(df, info, reference)``) and ``summary.csv`` (``summary`` of the
+    complete windows against ``references(df, reference)``) for the results ``paths`` into ``out``
+    (None: the first results folder); prose and recall alike. Returns (report path, its text)."""
     from evaluation.store import write_atomic
 
     df, info = load(paths)
@@ -290,4 +297,4 @@ def write(paths, out: Path | None = None, reference: str | None = None) -> tuple
     return write_atomic(out / "report.md", text), text
 
 
-__all__ = ["load", "complete_windows", "prepare", "references", "summary", "leaders", "overview", "twins", "wins", "markdown", "write"]
+__all__ = ["load", "complete_windows", "prepare", "references", "summary", "leaders", "overview", "twins", "wins", "markdown", "write", "write_report"]

@@ -10,10 +10,9 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-import time
 from pathlib import Path
 
-from evaluation.prose.cli import check_presses, sweep_options
+from evaluation.prose.cli import run_folder, sweep_arguments, sweep_options
 from evaluation.recall import CONTEXT, CUE_TOKENS, DATASET, SCORED_TOKENS, SENTENCES, VERSION
 
 
@@ -34,14 +33,7 @@ def add_parser(sub, add, ratio, positive_int, model_option) -> None:
                    help="the sentence's first tokens given after the blank line")
     r.add_argument("--scored-tokens", type=positive_int("--scored-tokens"), default=SCORED_TOKENS,
                    help="at most this many of the sentence's next tokens scored")
-    r.add_argument("--presses", nargs="+", required=True, metavar="NAME", help="registry names (the full cache is "
-                                                                                "always run as the reference)")
-    r.add_argument("--ratios", nargs="+", type=ratio, default=[0.5, 0.75], help="compression ratios in [0, 1)")
-    r.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds of the sampling presses")
-    r.add_argument("--max-per-essay", type=positive_int("--max-per-essay"), default=None,
-                   help="the first windows of each essay only (unset: all)")
-    r.add_argument("--max-windows", type=positive_int("--max-windows"), default=None,
-                   help="at most this many windows: every essay's first, then every essay's second, ...")
+    sweep_arguments(r, ratio, positive_int)
     r.add_argument("--out", required=True, help="results folder (one split and setting per folder)")
     r.add_argument("--no-report", action="store_true", help="do not write the report at the end")
     rep = verbs.add_parser("report", help="tables of a recall results folder (report.md, summary.csv)")
@@ -64,34 +56,21 @@ def command_line(args) -> str:
 def cmd_run(args, load, model_name) -> Path:
     """Run the windows of ``args.split``; ``load(args)`` gives (model, tokenizer), ``model_name(arg)`` the
     records' model name (the kvprob CLI's own)."""
-    from evaluation import manifest
     from evaluation.recall.cues import order, windows
     from evaluation.recall.measure import run
-    from evaluation.runner import configurations
-    from evaluation.store import ResultStore
 
-    check_presses(args.presses)
-    out = Path(args.out)
-    settings = dict(model=model_name(args.model), dataset=DATASET, data_seed=None, context_length=args.context,
-                    query_aware=False, split=args.split, scored_tokens=args.scored_tokens)
+    def find(tokenizer):
+        found = order(windows(tokenizer, args.context, args.split, args.sentences, args.cue_tokens,
+                              args.scored_tokens, args.max_per_essay), args.max_windows)
+        print(f"{args.split}: {len(found)} windows of {len({w.essay for w in found})} essays, "
+              f"{sum(len(w.cues) for w in found)} cues", file=sys.stderr)
+        return found
+
+    def measure(model, tokenizer, found, configs, store):
+        return run(model, found, configs, store, model_name=model_name(args.model), split=args.split)
+
     version = {"dataset_version": f"{VERSION}/sentences{args.sentences}/cue{args.cue_tokens}"}
-    data_dir = str(args.context)
-    manifest.check_folder(out, manifest.identity(**settings) | version, data_dir=data_dir)
-    model, tokenizer = load(args)
-    identity = manifest.identity(**settings, loaded_model=model, tokenizer=tokenizer) | version
-    notes = manifest.check_folder(out, identity, data_dir=data_dir)
-    found = order(windows(tokenizer, args.context, args.split, args.sentences, args.cue_tokens, args.scored_tokens,
-                          args.max_per_essay), args.max_windows)
-    print(f"{args.split}: {len(found)} windows of {len({w.essay for w in found})} essays, "
-          f"{sum(len(w.cues) for w in found)} cues", file=sys.stderr)
-    store = ResultStore(out / "results.jsonl")
-    entry = manifest.run_entry(n_examples=len(found), tasks=None, decode_batch=1, shard=None, device=str(model.device))
-    manifest.write(store.path, identity, entry | {"command": command_line(args)}, notes)
-    store.path.touch()
-    start = time.perf_counter()
-    written = run(model, found, configurations(args.presses, args.ratios, args.seeds), store,
-                  model_name=model_name(args.model), split=args.split)
-    print(f"{written} records written to {store.path} in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    out = run_folder(args, load, model_name, DATASET, version, find, measure, command_line(args))
     if not args.no_report:
         cmd_report(argparse.Namespace(results=[out], reference=None, out=None))
     return out

@@ -11,7 +11,8 @@ import pandas as pd
 
 from evaluation import stats
 from evaluation.aggregate import REFERENCE, win_scores
-from evaluation.prose.tables import _ci, _sampling, complete_windows, load, prepare
+from evaluation.prose.tables import _ci, complete_windows, prepare, write_report
+from evaluation.prose.tables import references as prose_references
 from evaluation.report import markdown_table
 
 VALUES = ("acc", "nll_delta", "kl")
@@ -19,18 +20,9 @@ VALUES = ("acc", "nll_delta", "kl")
 
 def references(df: pd.DataFrame, reference: str | None = None) -> dict[float, str]:
     """The reference at each ratio: ``reference`` if given, else the deterministic press with the
-    highest mean accuracy there (a maximum of noisy means on the same windows: it favours top-k)."""
-    ratios = sorted(df.loc[df["press"] != REFERENCE, "compression_ratio"].unique())
-    if reference is not None:
-        if reference not in set(df["press"]):
-            raise ValueError(f"reference must be a press of the results, got {reference!r}")
-        return {r: reference for r in ratios}
-    topk = df[(df["press"] != REFERENCE) & ~df["press"].map(_sampling)]
-    if topk.empty:
-        raise ValueError("no deterministic press in the results to compare with: pass reference=")
-    means = stats.mean_table(topk, "acc", by=["compression_ratio", "press"])
-    return {r: g.sort_values(["mean", "press"], ascending=[False, True]).iloc[0]["press"]
-            for r, g in means.groupby("compression_ratio")}
+    highest mean accuracy there (a maximum of noisy means on the same windows: it favours top-k): the
+    lowest mean of minus the accuracy (``evaluation.prose.tables.references``)."""
+    return prose_references(df.assign(neg_acc=-df["acc"]), reference, "neg_acc")
 
 
 def summary(df: pd.DataFrame, refs: dict[float, str]) -> pd.DataFrame:
@@ -118,15 +110,7 @@ def markdown(df: pd.DataFrame, info: dict, reference: str | None = None) -> str:
 
 def write(paths, out: Path | None = None, reference: str | None = None) -> tuple[Path, str]:
     """Write ``report.md`` and ``summary.csv`` for the results ``paths``. Returns (report path, text)."""
-    from evaluation.store import write_atomic
-
-    df, info = load(paths)
-    text = markdown(df, info, reference)
-    first = Path(paths[0])
-    out = Path(out) if out else (first if first.is_dir() else first.parent)
-    prepared, _ = complete_windows(prepare(df))
-    write_atomic(out / "summary.csv", summary(prepared, references(prepared, reference)).to_csv(index=False))
-    return write_atomic(out / "report.md", text), text
+    return write_report(paths, out, reference, markdown, summary, references)
 
 
 __all__ = ["references", "summary", "wins", "markdown", "write"]
