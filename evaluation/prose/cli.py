@@ -22,10 +22,7 @@ def add_parser(sub, add, ratio, positive_int, model_option) -> None:
     from evaluation.datasets.essays import SPLITS
 
     p = add("prose", "the prose benchmark: prefill an essay window, score the next tokens teacher-forced (KL, ΔNLL)")
-    verbs = p.add_subparsers(dest="prose_command", required=True)
-    r = verbs.add_parser("run", help="run configurations on the windows of one split (resumable)",
-                         description="run configurations on the windows of one split (resumable: rerun to finish)")
-    model_option(r)
+    r = add_verbs(p, "prose", model_option, "the top-k press with the lowest mean KL at each ratio")
     r.add_argument("--split", required=True, choices=SPLITS, help="essays of the development or the test split "
                                                                    "(docs/protocol.md, Prose split)")
     r.add_argument("--context", type=positive_int("--context"), required=True,
@@ -33,15 +30,24 @@ def add_parser(sub, add, ratio, positive_int, model_option) -> None:
     r.add_argument("--scored-tokens", type=positive_int("--scored-tokens"), default=SCORED_TOKENS,
                    help="continuation tokens T scored teacher-forced")
     sweep_arguments(r, ratio, positive_int)
-    r.add_argument("--out", required=True, help="results folder (one split and context length per folder)")
     r.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
-    r.add_argument("--no-report", action="store_true", help="do not write the report at the end")
-    rep = verbs.add_parser("report", help="tables of a prose results folder (report.md, summary.csv)",
-                           description="tables of a prose results folder: paired over windows, win scores over essays")
-    rep.add_argument("--results", nargs="+", required=True, help="results folders or .jsonl files (one split, one length)")
-    rep.add_argument("--reference", default=None,
-                     help="press to compare every press with (unset: the top-k press with the lowest mean KL at each ratio)")
+
+
+def add_verbs(p, name: str, model_option, reference: str):
+    """The ``run`` and ``report`` verbs of the essay benchmark ``name`` (prose, recall) under its parser
+    ``p``. Returns ``run``'s parser, with --model, for the benchmark's options and ``sweep_arguments``;
+    ``report`` takes --results, --reference (unset: ``reference``) and --out."""
+    verbs = p.add_subparsers(dest=f"{name}_command", required=True)
+    r = verbs.add_parser("run", help="run configurations on the windows of one split (resumable)",
+                         description="run configurations on the windows of one split (resumable: rerun to finish)")
+    model_option(r)
+    rep = verbs.add_parser("report", help=f"tables of a {name} results folder (report.md, summary.csv)",
+                           description=f"tables of a {name} results folder: paired over windows, win scores over essays")
+    rep.add_argument("--results", nargs="+", required=True,
+                     help="results folders or .jsonl files (one split, one setting)")
+    rep.add_argument("--reference", default=None, help=f"press to compare every press with (unset: {reference})")
     rep.add_argument("--out", default=None, help="folder for report.md and summary.csv (unset: the first results folder)")
+    return r
 
 
 def command_line(args) -> str:
@@ -55,8 +61,8 @@ def command_line(args) -> str:
 
 
 def sweep_arguments(r, ratio, positive_int) -> None:
-    """Add the options of a run over essay windows that ``sweep_options`` writes back but --out: presses,
-    ratios, seeds and window limits (prose and recall alike)."""
+    """Add the options of a run over essay windows that ``sweep_options`` writes back (presses, ratios,
+    seeds, window limits, --out) and --no-report (prose and recall alike)."""
     r.add_argument("--presses", nargs="+", required=True, metavar="NAME",
                    help="registry names (the full cache is always run as the reference)")
     r.add_argument("--ratios", nargs="+", type=ratio, default=[0.5, 0.75], help="compression ratios in [0, 1)")
@@ -65,6 +71,8 @@ def sweep_arguments(r, ratio, positive_int) -> None:
                    help="the first windows of each essay only (unset: all)")
     r.add_argument("--max-windows", type=positive_int("--max-windows"), default=None,
                    help="at most this many windows: every essay's first, then every essay's second, ... (unset: all)")
+    r.add_argument("--out", required=True, help="results folder (one split and one setting per folder)")
+    r.add_argument("--no-report", action="store_true", help="do not write the report at the end")
 
 
 def sweep_options(args) -> list[str]:

@@ -12,7 +12,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from evaluation.prose.cli import run_folder, sweep_arguments, sweep_options
+from evaluation.prose.cli import add_verbs, run_folder, sweep_arguments, sweep_options
 from evaluation.recall import CONTEXT, CUE_TOKENS, DATASET, SCORED_TOKENS, SENTENCES, VERSION
 
 
@@ -21,10 +21,7 @@ def add_parser(sub, add, ratio, positive_int, model_option) -> None:
     from evaluation.datasets.essays import SPLITS
 
     p = add("recall", "the recall benchmark: prefill an essay window, cue one of its sentences, score its rest")
-    verbs = p.add_subparsers(dest="recall_command", required=True)
-    r = verbs.add_parser("run", help="run configurations on the windows of one split (resumable)",
-                         description="run configurations on the windows of one split (resumable: rerun to finish)")
-    model_option(r)
+    r = add_verbs(p, "recall", model_option, "the top-k press with the best accuracy per ratio")
     r.add_argument("--split", required=True, choices=SPLITS, help="essays of the development or test split")
     r.add_argument("--context", type=positive_int("--context"), default=CONTEXT, help="context tokens per window")
     r.add_argument("--sentences", type=positive_int("--sentences"), default=SENTENCES,
@@ -34,13 +31,6 @@ def add_parser(sub, add, ratio, positive_int, model_option) -> None:
     r.add_argument("--scored-tokens", type=positive_int("--scored-tokens"), default=SCORED_TOKENS,
                    help="at most this many of the sentence's next tokens scored")
     sweep_arguments(r, ratio, positive_int)
-    r.add_argument("--out", required=True, help="results folder (one split and setting per folder)")
-    r.add_argument("--no-report", action="store_true", help="do not write the report at the end")
-    rep = verbs.add_parser("report", help="tables of a recall results folder (report.md, summary.csv)")
-    rep.add_argument("--results", nargs="+", required=True, help="results folders or .jsonl files")
-    rep.add_argument("--reference", default=None,
-                     help="press to compare every press with (unset: the top-k press with the best accuracy per ratio)")
-    rep.add_argument("--out", default=None, help="folder for report.md and summary.csv (unset: the first folder)")
 
 
 def command_line(args) -> str:

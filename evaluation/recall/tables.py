@@ -11,7 +11,8 @@ import pandas as pd
 
 from evaluation import stats
 from evaluation.aggregate import REFERENCE, win_scores
-from evaluation.prose.tables import _ci, complete_windows, prepare, write_report
+from evaluation.prose.tables import (_ci, complete_windows, kl_ratio_cells, mean_cells, prepare, press_groups,
+                                     write_essay_tables)
 from evaluation.prose.tables import references as prose_references
 from evaluation.report import markdown_table
 
@@ -30,29 +31,20 @@ def summary(df: pd.DataFrame, refs: dict[float, str]) -> pd.DataFrame:
     the reference's paired over windows (with the windows where the press is better), the KL ratio to
     the reference (paired bootstrap), bytes held, seconds per configuration."""
     rows = []
-    for ratio, at in df[df["press"] != REFERENCE].groupby("compression_ratio"):
-        ref = refs[ratio]
-        means = {v: stats.example_means(at, v, ["press"]) for v in VALUES}
-        ref_kl = means["kl"][means["kl"]["press"] == ref].set_index("example_id")["kl"]
-        for press, g in at.groupby("press"):
-            row = {"compression_ratio": ratio, "press": press, "reference": ref, "windows": g["example_id"].nunique(),
-                   "essays": g["task"].nunique(), "seeds": g["seed"].nunique(), "held": g["held"].mean(),
-                   "seconds": g["seconds"].mean()}
-            for v in VALUES:
-                ci = stats.mean_ci(means[v][means[v]["press"] == press][v])
-                row |= {v: ci["mean"], f"{v}_lo": ci["lo"], f"{v}_hi": ci["hi"]}
-                if press != ref:
-                    d = stats.paired_table(at, v, "press", press, ref).iloc[0]
-                    better = d["a_better"]  # windows where a < b (lower is better)
-                    if v == "acc":  # higher is better: the windows where -a < -b
-                        better = stats.paired_table(at.assign(neg=-at["acc"]), "neg", "press", press, ref).iloc[0]["a_better"]
-                    row |= {f"{v}_diff": d["mean"], f"{v}_diff_lo": d["lo"], f"{v}_diff_hi": d["hi"],
-                            f"{v}_better": int(better), "pairs": int(d["n"])}
-            kl = means["kl"][means["kl"]["press"] == press].set_index("example_id")["kl"]
-            both = pd.concat([kl, ref_kl], axis=1, join="inner").to_numpy()
-            r = stats.ratio_ci(both[:, 0], both[:, 1])
-            row |= {"kl_ratio": r["ratio"], "kl_ratio_lo": r["lo"], "kl_ratio_hi": r["hi"]}
-            rows.append(row)
+    for ratio, ref, at, press, g, means in press_groups(df, refs, VALUES):
+        row = {"compression_ratio": ratio, "press": press, "reference": ref, "windows": g["example_id"].nunique(),
+               "essays": g["task"].nunique(), "seeds": g["seed"].nunique(), "held": g["held"].mean(),
+               "seconds": g["seconds"].mean()}
+        for v in VALUES:
+            row |= mean_cells(means[v], v, press)
+            if press != ref:
+                d = stats.paired_table(at, v, "press", press, ref).iloc[0]
+                better = d["a_better"]  # windows where a < b (lower is better)
+                if v == "acc":  # higher is better: the windows where -a < -b
+                    better = stats.paired_table(at.assign(neg=-at["acc"]), "neg", "press", press, ref).iloc[0]["a_better"]
+                row |= {f"{v}_diff": d["mean"], f"{v}_diff_lo": d["lo"], f"{v}_diff_hi": d["hi"],
+                        f"{v}_better": int(better), "pairs": int(d["n"])}
+        rows.append(row | kl_ratio_cells(means["kl"], press, ref))
     return pd.DataFrame(rows).sort_values(["compression_ratio", "acc", "press"], ascending=[True, False, True],
                                           ignore_index=True)
 
@@ -110,7 +102,7 @@ def markdown(df: pd.DataFrame, info: dict, reference: str | None = None) -> str:
 
 def write(paths, out: Path | None = None, reference: str | None = None) -> tuple[Path, str]:
     """Write ``report.md`` and ``summary.csv`` for the results ``paths``. Returns (report path, text)."""
-    return write_report(paths, out, reference, markdown, summary, references)
+    return write_essay_tables(paths, out, reference, markdown, summary, references)
 
 
 __all__ = ["references", "summary", "wins", "markdown", "write"]
