@@ -82,6 +82,36 @@ def head_stats(masks, ratio: float) -> dict:
     return {"peak": peak, "agree": agree}
 
 
+def write(args, records):
+    """cache.jsonl and cache.md of the records so far (written after every context)."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cache.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    lines = ["| press | r | RULER needle tokens kept | heads keeping a needle whole | recall cued tokens kept | "
+             "heads keeping a cued sentence whole |", "|---|---|---|---|---|---|"]
+    for name in args.presses:
+        for ratio in args.ratios:
+            rs = [r for r in records if r["press"] == name and r["ratio"] == ratio]
+            ru = [r["needle"] for r in rs if r["regime"] == "ruler" and r["needle"]]
+            rc = [v for r in rs if r["regime"] == "recall" for k, v in r.items() if k.startswith("cue") and v]
+            lines.append(f"| {name} | {ratio:g} | {np.mean([x['tokens'] for x in ru]):.3f} | "
+                         f"{np.mean([x['whole'] for x in ru]):.3f} | {np.mean([x['tokens'] for x in rc]):.3f} | "
+                         f"{np.mean([x['whole'] for x in rc]):.3f} |")
+    lines += ["", "Per-head statistics (median [quartiles] over heads and contexts):", "",
+              "| press | r | regime | peak share c_h | agreement a_h |", "|---|---|---|---|---|"]
+    for name in args.presses:
+        for ratio in args.ratios:
+            for regime in ("ruler", "recall"):
+                rs = [r for r in records if r["press"] == name and r["ratio"] == ratio and r["regime"] == regime]
+                peak = np.concatenate([r["peak"] for r in rs]) if rs and rs[0]["peak"] else np.array([])
+                agree = np.concatenate([r["agree"] for r in rs]) if rs and rs[0]["agree"] else np.array([])
+                if peak.size:
+                    q = lambda x: f"{np.median(x):.3f} [{np.quantile(x, .25):.3f}, {np.quantile(x, .75):.3f}]"
+                    lines.append(f"| {name} | {ratio:g} | {regime} | {q(peak)} | {q(agree)} |")
+    (out / "cache.md").write_text("\n".join(lines) + "\n")
+    return lines
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--presses", nargs="+", required=True)
@@ -120,32 +150,8 @@ def main(argv=None):
                 records.append(rec)
                 print(regime, cid, name, ratio, {g: round(rec[g].get("tokens", -1), 3) for g in groups},
                       {g: round(rec[g].get("whole", -1), 3) for g in groups}, flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "cache.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    lines = ["| press | r | RULER needle tokens kept | heads keeping a needle whole | recall cued tokens kept | "
-             "heads keeping a cued sentence whole |", "|---|---|---|---|---|---|"]
-    for name in args.presses:
-        for ratio in args.ratios:
-            rs = [r for r in records if r["press"] == name and r["ratio"] == ratio]
-            ru = [r["needle"] for r in rs if r["regime"] == "ruler" and r["needle"]]
-            rc = [v for r in rs if r["regime"] == "recall" for k, v in r.items() if k.startswith("cue") and v]
-            lines.append(f"| {name} | {ratio:g} | {np.mean([x['tokens'] for x in ru]):.3f} | "
-                         f"{np.mean([x['whole'] for x in ru]):.3f} | {np.mean([x['tokens'] for x in rc]):.3f} | "
-                         f"{np.mean([x['whole'] for x in rc]):.3f} |")
-    lines += ["", "Per-head statistics (median [quartiles] over heads and contexts):", "",
-              "| press | r | regime | peak share c_h | agreement a_h |", "|---|---|---|---|---|"]
-    for name in args.presses:
-        for ratio in args.ratios:
-            for regime in ("ruler", "recall"):
-                rs = [r for r in records if r["press"] == name and r["ratio"] == ratio and r["regime"] == regime]
-                peak = np.concatenate([r["peak"] for r in rs]) if rs and rs[0]["peak"] else np.array([])
-                agree = np.concatenate([r["agree"] for r in rs]) if rs and rs[0]["agree"] else np.array([])
-                if peak.size:
-                    q = lambda x: f"{np.median(x):.3f} [{np.quantile(x, .25):.3f}, {np.quantile(x, .75):.3f}]"
-                    lines.append(f"| {name} | {ratio:g} | {regime} | {q(peak)} | {q(agree)} |")
-    (out / "cache.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+        write(args, records)
+    print("\n".join(write(args, records)))
 
 
 if __name__ == "__main__":
