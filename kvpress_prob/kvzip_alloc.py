@@ -12,6 +12,7 @@ keeps KVzip's scores (``KVzipSampledPress``'s reconstruction pass and score cach
 - ``"widest"``: equal memory. The largest global top whose padded footprint, sum over layers of H times the
   layer's largest head count, fits the budget (1 - r) L H n; every head of a layer then keeps its own top at
   that width (the slots padding would leave empty hold the other heads' next entries, so no padding).
+  Like every press with per-layer lengths, it carries the zero bias (4 bytes per slot) that masks each layer.
 - ``"ragged_fit"``: equal memory. The same largest global top, each head keeping only its share of it
   (padding left empty, 4 bytes of bias per stored slot).
 """
@@ -90,8 +91,8 @@ def allocation_keep(scores: torch.Tensor, ratio: float, allocation: str) -> torc
 
 def evict_keep(cache, modules, keep: torch.Tensor) -> list[list[int]]:
     """Evict ``cache`` down to ``keep`` (L, b, H, n): each layer stores its heads' kept entries in prefix order,
-    padded to the layer's largest count; a layer with padding gets the correction bias (0 on kept entries,
-    ``correction.padding`` on padding), a layer without none. Returns the kept counts per layer and head."""
+    padded to the layer's largest count, with the correction bias (0 on kept entries, ``correction.padding`` on
+    padding; 4 bytes per stored slot, as a SamplingPress's). Returns the kept counts per layer and head."""
     counts_all = []
     for module in modules:
         layer = cache.layers[module.layer_idx]
@@ -102,10 +103,11 @@ def evict_keep(cache, modules, keep: torch.Tensor) -> list[list[int]]:
         order = (~k).to(torch.int8).argsort(dim=-1, stable=True)[..., :n_stored]  # kept first, in prefix order
         index = order[..., None].expand(-1, -1, -1, keys.shape[-1])
         layer.keys, layer.values = keys.gather(2, index).contiguous(), values.gather(2, index).contiguous()
-        if bool((counts < n_stored).any()):
-            is_kept = torch.arange(n_stored, device=keys.device) < counts[..., None]
-            bias = torch.where(is_kept, 0.0, correction.padding(torch.float32)).to(torch.float32)
-            correction.set_bias(module, bias, cache)
+        # every layer gets its bias, padding or not: the layers' lengths differ, and only the corrected attention
+        # masks each layer by its own length (the model builds one mask from layer 0's)
+        is_kept = torch.arange(n_stored, device=keys.device) < counts[..., None]
+        bias = torch.where(is_kept, 0.0, correction.padding(torch.float32)).to(torch.float32)
+        correction.set_bias(module, bias, cache)
         counts_all.append(counts[0].tolist())
     return counts_all
 
