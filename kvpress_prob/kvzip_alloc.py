@@ -114,7 +114,8 @@ def evict_keep(cache, modules, keep: torch.Tensor) -> list[list[int]]:
 
 @dataclass
 class KVzipAllocatedPress(KVzipSampledPress):
-    """KVzip's reconstruction scores, kept under an allocation across heads, evicted for real (see the module).
+    """KVzip's reconstruction scores (Kim et al. 2025, arXiv 2505.23416), kept under an allocation across heads,
+    evicted for real (see the module).
 
     Parameters
     ----------
