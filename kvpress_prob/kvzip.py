@@ -139,12 +139,16 @@ class KVzipSampledPress(KVzipPress):
             return
         super()._perform_kvzip_compression(model, tokenizer)
 
-    @torch.no_grad()
-    def compress_post(self, model):
-        """Store the scores for later ratios and seeds, then evict through ``SamplingPress.evict``."""
+    def remember(self, model) -> None:
+        """Keep this context's scores for later ratios and seeds (the last ``SCORE_CACHE`` contexts)."""
         _SCORES[_key(self, model)] = self.score_val.clone()
         while len(_SCORES) > SCORE_CACHE:
             _SCORES.popitem(last=False)
+
+    @torch.no_grad()
+    def compress_post(self, model):
+        """Store the scores for later ratios and seeds, then evict through ``SamplingPress.evict``."""
+        self.remember(model)
         if self.compression_ratio == 0:
             return
         scores = self.score_val.float().clone()  # (L, b, H, n)
