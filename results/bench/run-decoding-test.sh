@@ -3,5 +3,5 @@
 # per KV head (corrected presses at its bytes), a round every 32 tokens. Resumable (one record per essay, press, seed).
 cd "$(dirname "$0")/../.."
 PYTHONPATH=$PWD ${PY:-/work/main/.venv/bin/python} -m evaluation.bench decoding --split test --essays 4 --prompt 256 \
-    --generate 512 --target 128 --interval 32 --window 32 --out results/bench/decoding-test \
+    --generate 512 --target 128 --interval 32 --window 32 --out results/bench/test-split \
     --presses kvpress_tova snapkv h2o prob_decode_min_variance_priority_floor20 prob_decode_min_variance_priority_floor20_nocorr "$@"
