@@ -238,7 +238,7 @@ def report(out: Path) -> str:
              ("prob_decode_h2o_priority", "decode_h2o_topk"), ("decode_tova_topk", "kvpress_tova"),
              ("decode_streaming_llm", "kvpress_streaming_llm"), ("prob_decode_attn_priority", "kvpress_tova"),
              ("prob_decode_attn_priority", "prob_decode_attn_vase_nocorr"),
-             (CHOSEN, f"{CHOSEN}_nocorr"), (CHOSEN, "snapkv"), (CHOSEN, "h2o"), (CHOSEN, "kvpress_tova")]
+             (CHOSEN, f"{CHOSEN}_nocorr"), (CHOSEN, "h2o"), (CHOSEN, "kvpress_tova")]
     rows = [paired_table(frame, value, "press", a, b, unit="essay").assign(value=value)
             for value in ("kl", "nll_increase", "agreement") for a, b in pairs]
     paired = pd.concat([r for r in rows if not r.empty], ignore_index=True)[["value", "a", "b", "mean_a", "mean_b", "mean", "lo", "hi", "n", "a_better"]]
