@@ -17,7 +17,9 @@ reference trajectory). Then under every decoding press (3 seeds for the presses 
   NLL(full) per token (the streaming protocol of StreamingLLM / H2O / TOVA, one text).
 
 Baselines: kvpress's ``DecodingPress`` over StreamingLLM, TOVA and K-norm at the same target and
-interval (``kvpress_*``). ``sinks.md`` records which positions layer 0 keeps after 8 chunks of 32
+interval (``kvpress_*``), and the streaming benchmark's (``snapkv``, ``h2o``, ...: kvpress's DecodingPress
+built as in ``evaluation.streaming.presses``). A corrected press holds fewer entries, so that its bias fits
+in the bytes of the target (``entries`` in each record; records before 2026-12-01 19:30 UTC held the target). ``sinks.md`` records which positions layer 0 keeps after 8 chunks of 32
 at a target of 128, under kvpress's ``DecodingPress(StreamingLLMPress)`` and under ours (layer 0's
 keys depend only on the token and its position, so they are matched against a full cache's).
 
@@ -40,6 +42,8 @@ from transformers import DynamicCache
 from evaluation.bench import common
 from evaluation.datasets.essays import essay_ids, essays
 from evaluation.stats import mean_table, paired_table
+from evaluation.streaming.drive import Schedule
+from evaluation.streaming.presses import DETERMINISTIC, corrects, equal_memory_target
 from evaluation.store import parse_shard, shard
 from kvpress_prob.decoding import get_decoding_press
 
@@ -49,14 +53,29 @@ PRESSES = ["kvpress_streaming_llm", "kvpress_tova", "kvpress_knorm", "decode_str
            "decode_h2o_topk", "decode_attn_topk", "prob_decode_attn_priority", "prob_decode_attn_priority_nocorr",
            "prob_decode_h2o_priority", "prob_decode_attn_vase_nocorr"]
 SEEDS = (0, 1, 2)
+CHOSEN = "prob_decode_min_variance_priority_floor20"  # the decoding press chosen on the streaming dev split
 
 
-def build(name: str, target: int, interval: int, window: int, seed: int, tokens_per_step: int):
-    """The press ``name`` for steps of ``tokens_per_step`` tokens with a round every ``interval`` tokens."""
+def build(name: str, target: int, interval: int, window: int, seed: int, tokens_per_step: int,
+          head_dim: int = 64, dtype: torch.dtype = torch.float32):
+    """The press ``name`` for steps of ``tokens_per_step`` tokens with a round every ``interval`` tokens.
+
+    ``kvpress_*``: kvpress's DecodingPress over the scorer, ``target`` entries. The streaming benchmark's
+    baselines (``snapkv``, ``h2o``, ...) are built as there (``evaluation.streaming.presses``). Ours at
+    ``target`` entries, with ``window`` recent entries kept; a corrected one (``prob_*`` but ``*_nocorr``)
+    holds ``equal_memory_target`` entries, so that its bias fits in the bytes of ``target`` entries of
+    ``head_dim`` keys and values in ``dtype`` (the streaming benchmark's accounting)."""
     steps = max(1, interval // tokens_per_step)
     if name in KVPRESS:
         return DecodingPress(base_press=KVPRESS[name](), compression_interval=steps, target_size=target,
                              hidden_states_buffer_size=steps)
+    if name in DETERMINISTIC:
+        schedule = Schedule(n=target + 2 * interval + 1, budget=target, chunk=min(tokens_per_step, interval),
+                            interval=interval)
+        return DETERMINISTIC[name](schedule, seed, head_dim, dtype)
+    if corrects(name):
+        bias = dtype if get_decoding_press(name, target, steps).bias_dtype == "keys" else torch.float32
+        target = equal_memory_target(target, head_dim, dtype.itemsize, bias.itemsize)
     return get_decoding_press(name, target, steps, window=window, seed=seed)
 
 
@@ -170,19 +189,24 @@ def run_essay(model, tokenizer, path: Path, args, done: set, out: Path) -> None:
     full_traj = teacher_forced(model, trajectory, args.prompt, args.interval)
     full_text = teacher_forced(model, ids[:, : args.prompt + args.generate], args.prompt, args.interval)
     targets = ids[0, args.prompt: args.prompt + args.generate]
+    config = model.config
+    shape = dict(head_dim=getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
+                 dtype=model.dtype)
     for name in args.presses:
         for seed in (SEEDS if samples(name) else (0,)):
             key = (path.stem, name, seed)
             if key in done:
                 continue
             start = time.time()
-            tokens = generate(model, prompt, args.generate, build(name, args.target, args.interval, args.window, seed, 1))
-            press = build(name, args.target, args.interval, args.window, seed, args.interval)
+            tokens = generate(model, prompt, args.generate,
+                              build(name, args.target, args.interval, args.window, seed, 1, **shape))
+            press = build(name, args.target, args.interval, args.window, seed, args.interval, **shape)
             traj = teacher_forced(model, trajectory, args.prompt, args.interval, press)
             text = teacher_forced(model, ids[:, : args.prompt + args.generate], args.prompt, args.interval,
-                                  build(name, args.target, args.interval, args.window, seed, args.interval))
+                                  build(name, args.target, args.interval, args.window, seed, args.interval, **shape))
             same = [a == b for a, b in zip(tokens, reference_tokens)]
-            record = {"essay": path.stem, "press": name, "seed": seed, "target": args.target, "interval": args.interval,
+            record = {"essay": path.stem, "press": name, "seed": seed, "target": args.target,
+                      "entries": press.target_size, "interval": args.interval,
                       "prompt": args.prompt, "generate": args.generate, "split": args.split,
                       "agreement": sum(same) / len(same),
                       "first_divergence": next((i for i, s in enumerate(same) if not s), len(same)),
@@ -213,7 +237,8 @@ def report(out: Path) -> str:
     pairs = [("prob_decode_attn_priority", "prob_decode_attn_priority_nocorr"), ("prob_decode_attn_priority", "decode_attn_topk"),
              ("prob_decode_h2o_priority", "decode_h2o_topk"), ("decode_tova_topk", "kvpress_tova"),
              ("decode_streaming_llm", "kvpress_streaming_llm"), ("prob_decode_attn_priority", "kvpress_tova"),
-             ("prob_decode_attn_priority", "prob_decode_attn_vase_nocorr")]
+             ("prob_decode_attn_priority", "prob_decode_attn_vase_nocorr"),
+             (CHOSEN, f"{CHOSEN}_nocorr"), (CHOSEN, "h2o"), (CHOSEN, "kvpress_tova")]
     rows = [paired_table(frame, value, "press", a, b, unit="essay").assign(value=value)
             for value in ("kl", "nll_increase", "agreement") for a, b in pairs]
     paired = pd.concat([r for r in rows if not r.empty], ignore_index=True)[["value", "a", "b", "mean_a", "mean_b", "mean", "lo", "hi", "n", "a_better"]]
