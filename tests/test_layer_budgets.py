@@ -68,29 +68,39 @@ def test_bad_share_names_itself():
         LayerBudgetDecodingPress(proposal="min_variance", share=True)
 
 
-def test_layers_hold_different_counts_at_the_total_of_equal_budgets():
-    """4 layers, target 24, a round every 4 tokens: after the first round the layers' counts differ, and
-    after every round they sum to 4 x 24; the bias is the corrected press's, per kept entry."""
+def test_layers_hold_the_planned_counts_at_the_total_of_equal_budgets(monkeypatch):
+    """4 layers, target 24, a round every 4 tokens, each layer's spread fixed at l + 1 (the tiny random
+    model's proposals are all nearly uniform): round 0 keeps 24 everywhere, and round r >= 1 keeps in each
+    layer exactly what ``allocate`` gives for the spreads, bounded by what the layer holds (its last target
+    plus the 4 new tokens); every round's counts sum to 4 x 24, and the bias has one value per kept entry."""
+    from kvpress_prob import layer_budgets
+
+    monkeypatch.setattr(layer_budgets, "spread", lambda weights, candidates: None)
     model = tiny_model("llama", layers=4)
     ids = random_ids(40 + 40, seed=5)
     press = get_decoding_press(NAME, 24, 4, window=4, seed=0)
     assert isinstance(press, LayerBudgetDecodingPress)
+    observe = press.observe
+    press.observe = lambda layer, weights, candidates: observe(layer, weights, candidates) or \
+        press._budgets["spreads"].__setitem__(layer, float(layer + 1))
     cache = DynamicCache()
-    sums, spreads = [], set()
+    rounds = []
     with torch.no_grad(), press(model):
         model(ids[:, :40], past_key_values=cache)
         for t in range(40, 80):
             model(ids[:, t:t + 1], past_key_values=cache, position_ids=torch.tensor([[t]]))
             if (t - 40 + 1) % 4 == 0:  # a round ended this forward
-                sums.append(sum(layer.keys.shape[2] for layer in cache.layers))
-                spreads.add(tuple(layer.keys.shape[2] for layer in cache.layers))
+                rounds.append([layer.keys.shape[2] for layer in cache.layers])
         attn = [layer.self_attn for layer in language_model(model).layers]
         biases = [correction.bias_of(a, cache) for a in attn]
-    assert sums == [4 * 24] * 10
-    assert (24, 24, 24, 24) in spreads and len(spreads) > 1  # round 0 equal, later rounds not
-    counts = [layer.keys.shape[2] for layer in cache.layers]
-    assert len(set(counts)) > 1 and min(counts) >= 4 + 4 + 1
-    assert [b.shape[-1] for b in biases] == counts  # one bias value per kept entry and head
+    want, targets = [], [24] * 4
+    for r in range(10):
+        if r > 0:
+            targets = allocate([1.0, 2.0, 3.0, 4.0], 96, [4 + 4 + 1] * 4, [t + 4 for t in targets], 0.5)
+        want.append(targets)
+    assert rounds == want
+    assert all(sum(counts) == 4 * 24 for counts in rounds) and len({tuple(c) for c in rounds}) > 2
+    assert [b.shape[-1] for b in biases] == rounds[-1]  # one bias value per kept entry and head
 
 
 def test_stream_bytes_are_those_of_equal_budgets():
