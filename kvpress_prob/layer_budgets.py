@@ -109,8 +109,9 @@ class LayerBudgetDecodingPress(SamplingDecodingPress):
 
     def layer_target(self, layer: int, held: int) -> int:
         state = self._budgets
-        plans, targets, spreads = (state.setdefault(name, {}) for name in ("plans", "targets", "spreads"))
-        r = self._rounds[layer]
+        plans, targets, spreads, calls = (state.setdefault(name, {}) for name in ("plans", "targets", "spreads", "calls"))
+        r = calls[layer] = calls.get(layer, -1) + 1  # this layer's round index, counting rounds it skips (a
+        # target may be all the layer holds: then it keeps everything, and must not fall behind the others)
         if r not in plans:
             n = self._n_layers
             if n is None:

@@ -69,10 +69,12 @@ def test_bad_share_names_itself():
 
 
 def test_layers_hold_the_planned_counts_at_the_total_of_equal_budgets(monkeypatch):
-    """4 layers, target 24, a round every 4 tokens, each layer's spread fixed at l + 1 (the tiny random
-    model's proposals are all nearly uniform): round 0 keeps 24 everywhere, and round r >= 1 keeps in each
-    layer exactly what ``allocate`` gives for the spreads, bounded by what the layer holds (its last target
-    plus the 4 new tokens); every round's counts sum to 4 x 24, and the bias has one value per kept entry."""
+    """4 layers, target 24, a round every 4 tokens; the spreads are set by the test (the tiny random model's
+    proposals are all nearly uniform): layer l's k-th measured spread is l + 1 for even k, 4 - l for odd k.
+    Round 0 keeps 24 everywhere; round r >= 1 keeps in each layer what ``allocate`` gives for the spreads,
+    bounded by what the layer holds (its last target plus the 4 new tokens). A layer given all it holds keeps
+    it (a skipped round, which measures nothing) and must stay on the others' round: every round's counts sum
+    to 4 x 24, and the bias has one value per kept entry."""
     from kvpress_prob import layer_budgets
 
     monkeypatch.setattr(layer_budgets, "spread", lambda weights, candidates: None)
@@ -80,9 +82,16 @@ def test_layers_hold_the_planned_counts_at_the_total_of_equal_budgets(monkeypatc
     ids = random_ids(40 + 40, seed=5)
     press = get_decoding_press(NAME, 24, 4, window=4, seed=0)
     assert isinstance(press, LayerBudgetDecodingPress)
-    observe = press.observe
-    press.observe = lambda layer, weights, candidates: observe(layer, weights, candidates) or \
-        press._budgets["spreads"].__setitem__(layer, float(layer + 1))
+    measured = {}
+
+    def fixed_spread(l: int, k: int) -> float:
+        return float(l + 1) if k % 2 == 0 else float(4 - l)
+
+    def observe(layer, weights, candidates):
+        press._budgets.setdefault("spreads", {})[layer] = fixed_spread(layer, measured.get(layer, 0))
+        measured[layer] = measured.get(layer, 0) + 1
+
+    press.observe = observe
     cache = DynamicCache()
     rounds = []
     with torch.no_grad(), press(model):
@@ -93,13 +102,20 @@ def test_layers_hold_the_planned_counts_at_the_total_of_equal_budgets(monkeypatc
                 rounds.append([layer.keys.shape[2] for layer in cache.layers])
         attn = [layer.self_attn for layer in language_model(model).layers]
         biases = [correction.bias_of(a, cache) for a in attn]
-    want, targets = [], [24] * 4
+    want, targets, spreads, count, skipped = [], [24] * 4, [0.0] * 4, [0] * 4, 0
     for r in range(10):
-        if r > 0:
-            targets = allocate([1.0, 2.0, 3.0, 4.0], 96, [4 + 4 + 1] * 4, [t + 4 for t in targets], 0.5)
+        held = [40 + 4] * 4 if r == 0 else [t + 4 for t in targets]
+        plan = [24] * 4 if r == 0 else allocate(spreads, 96, [4 + 4 + 1] * 4, held, 0.5)
+        for l in range(4):
+            if held[l] <= plan[l]:
+                skipped += 1
+            else:
+                spreads[l], count[l] = fixed_spread(l, count[l]), count[l] + 1
+        targets = [min(p, h) for p, h in zip(plan, held)]
         want.append(targets)
     assert rounds == want
     assert all(sum(counts) == 4 * 24 for counts in rounds) and len({tuple(c) for c in rounds}) > 2
+    assert skipped > 0 and press.stats["skipped"] == skipped  # the case that must not fall behind did occur
     assert [b.shape[-1] for b in biases] == rounds[-1]  # one bias value per kept entry and head
 
 
