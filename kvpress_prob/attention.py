@@ -80,20 +80,27 @@ def corrected_sdpa(
     if dtype != query.dtype:
         query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
     lowest = torch.finfo(dtype).min
-    # causal among new tokens: query i sits at new-token index n_new - q_len + i
+    # the bias in the compute dtype, padding that dtype's lowest (no copy when the dtypes agree: then
+    # the padding already is the lowest value)
+    stored = bias if bias.dtype == dtype else torch.where(bias == torch.finfo(bias.dtype).min, lowest, bias.to(dtype))
+    if q_len == 1:
+        # One decoding step: the query sees every entry, so the mask is one row per KV head, the bias
+        # then 0 on the new tokens, broadcast over the g query heads of the group (folded into the
+        # query axis). No causal part, no (g, q, k) copy: a pad of the bias is the only new tensor.
+        mask = F.pad(stored, (0, n_new))[:, :, None, :]  # (b, H_kv, 1, k)
+        out = F.scaled_dot_product_attention(query.reshape(b, hkv, g, d), key, value, attn_mask=mask, scale=scaling)
+        return out.to(out_dtype).view(b, hq, 1, d).transpose(1, 2).contiguous()
+    # several new tokens: causal among them; query i sits at new-token index n_new - q_len + i. The mask
+    # (b, H_kv, g, q, k) is filled in place (one allocation) and viewed with g folded into the query axis:
+    # head h*g + gi serves KV head h
     i = torch.arange(q_len, device=query.device)[:, None]
     j = torch.arange(n_new, device=query.device)[None, :]
-    new_mask = torch.zeros(q_len, n_new, dtype=dtype, device=query.device)
-    new_mask.masked_fill_(j > i + (n_new - q_len), lowest)  # (q, n_new)
-    stored = torch.where(bias == torch.finfo(bias.dtype).min, lowest, bias.to(dtype))  # padding stays the lowest
-    mask = torch.cat(
-        [stored[:, :, None, :].expand(b, hkv, q_len, n_stored), new_mask.expand(b, hkv, q_len, n_new)],
-        dim=-1,
-    )  # (b, H_kv, q, k)
-    # fold the query heads of a group into the query axis: head h*g + gi serves KV head h
+    mask = torch.empty(b, hkv, g, q_len, k_len, dtype=dtype, device=query.device)
+    mask[..., :n_stored] = stored[:, :, None, None, :]
+    mask[..., n_stored:] = torch.zeros(q_len, n_new, dtype=dtype, device=query.device).masked_fill_(
+        j > i + (n_new - q_len), lowest)  # (q, n_new)
     q = query.reshape(b, hkv, g * q_len, d)
-    mask = mask[:, :, None].expand(b, hkv, g, q_len, k_len).reshape(b, hkv, g * q_len, k_len)
-    out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)  # (b, H_kv, g*q, d)
+    out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask.view(b, hkv, g * q_len, k_len), scale=scaling)
     out = out.to(out_dtype)
     return out.view(b, hq, q_len, d).transpose(1, 2).contiguous()
 
@@ -134,6 +141,13 @@ def install() -> None:
         func = ALL_ATTENTION_FUNCTIONS[name]
         if not getattr(func, _WRAPPED, False):
             ALL_ATTENTION_FUNCTIONS[name] = wrap(func, name)
+
+
+def ensure_installed(implementation: str) -> None:
+    """``install()`` unless the function registered as ``implementation`` is wrapped already: the one
+    check a forward needs (a dictionary look-up, not a pass over every function, at every step)."""
+    if not getattr(ALL_ATTENTION_FUNCTIONS[implementation], _WRAPPED, False):
+        install()
 
 
 def check_implementation(model) -> None:

@@ -170,7 +170,7 @@ def _before_forward(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
     attention.activate(module, None)
     cache = kwargs.get("past_key_values")
     layer = _layer(cache, module.layer_idx)
-    if cache is not None:
+    if cache is not None and (state.current is None or state.current() is not cache):
         state.current = weakref.ref(cache)
     stored = layer.get_seq_length() if layer is not None else 0
     if state.pending is not None:
@@ -191,7 +191,7 @@ def _before_forward(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
             f"the attention functions of ALL_ATTENTION_FUNCTIONS, but attn_implementation={implementation!r}: "
             f"call model.set_attn_implementation('sdpa') before decoding"
         )
-    attention.install()  # an attention function registered since the bias was given is wrapped too
+    attention.ensure_installed(implementation)  # one registered since the bias was given is wrapped too
     attention.activate(module, bias)
     return None
 

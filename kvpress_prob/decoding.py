@@ -41,6 +41,7 @@ class _CacheState:
     queries: defaultdict = field(default_factory=lambda: defaultdict(list))  # RoPE (cos, sin) (b, c, d) of each step
     accumulated: dict = field(default_factory=dict)  # accumulated attention (b, H_kv, S) of the stored entries ("h2o")
     rounds: defaultdict = field(default_factory=lambda: defaultdict(int))  # rounds so far (seeds the generator)
+    budgets: dict = field(default_factory=dict)  # per-layer budgets' plans and measures (``layer_budgets``)
 
 
 @dataclass
@@ -185,6 +186,7 @@ class SamplingDecodingPress(DecodingPress):
         self.hidden_states_buffer = state.hidden_states_buffer
         self.layer_step_counts = state.layer_step_counts
         self._queries, self._accumulated, self._rounds = state.queries, state.accumulated, state.rounds
+        self._budgets = state.budgets
 
     def _state_of(self, cache) -> "_CacheState":
         state = self._caches.get(cache)
@@ -231,18 +233,21 @@ class SamplingDecodingPress(DecodingPress):
         stored = correction.bias_of(module, cache)
         bias = rounds.extended_bias(stored, (b, h, n), keys.device)  # (b, H_kv, n)
         real = rounds.is_real(bias)
-        if int(real.sum(-1).max()) <= self.target_size:
+        held = int(real.sum(-1).max())
+        target = self.layer_target(layer, held)
+        if held <= target:
             if self.proposal == "h2o":  # the buffered steps still accumulate
                 self.weights(module, hidden_states, keys, values, bias, kwargs)
             if not self.stats.get("skipped"):  # once per context; stats["skipped"] counts every layer's
-                logger.warning(f"layer {layer} holds {n} <= target_size={self.target_size} entries per head: no "
+                logger.warning(f"layer {layer} holds {n} <= target_size={target} entries per head: no "
                                f"round (counted in stats['skipped'])")
             self.stats["skipped"] = self.stats.get("skipped", 0) + 1
             return keys, values
         fixed = rounds.fixed_entries(real, self.n_sink, self.window, values, self.protect_values)
         candidates = real & ~fixed
-        k = torch.minimum((self.target_size - fixed.sum(-1)).clamp_min(0), candidates.sum(-1))  # (b, H_kv)
+        k = torch.minimum((target - fixed.sum(-1)).clamp_min(0), candidates.sum(-1))  # (b, H_kv)
         weights = self.weights(module, hidden_states, keys, values, bias, kwargs)  # (b, H_kv, n)
+        self.observe(layer, weights, candidates)
         pi = rounds.proposal_over(weights, candidates, self.floor)
         generator = torch.Generator(device=keys.device).manual_seed(
             (self.seed * 1_000_003 + layer) * 100_003 + self._rounds[layer])
@@ -262,6 +267,14 @@ class SamplingDecodingPress(DecodingPress):
         self.stats.setdefault("stored", {})[layer] = keys.shape[2]
         self.stats.setdefault("bytes_bias", {})[layer] = new_bias.numel() * new_bias.element_size()
         return keys, values
+
+    def layer_target(self, layer: int, held: int) -> int:
+        """Entries per KV head the round of ``layer`` keeps, its heads holding at most ``held`` real entries:
+        ``target_size`` (``kvpress_prob.layer_budgets.LayerBudgetDecodingPress`` moves entries between layers)."""
+        return self.target_size
+
+    def observe(self, layer: int, weights: torch.Tensor, candidates: torch.Tensor) -> None:
+        """Sees each round's proposal weights (b, H_kv, n) and candidates; nothing here (``layer_budgets``)."""
 
     def weights(self, module, hidden_states, keys, values, bias, kwargs) -> torch.Tensor:
         """The proposal's weights (b, H_kv, n), >= 0, any scale (``proposal_over`` restricts them to
@@ -302,14 +315,17 @@ class SamplingDecodingPress(DecodingPress):
         return mass.double()
 
 
-def _press(proposal: str, sampler: Sampler, base_press: ScorerPress | None = None, **fixed):
+def _press(proposal: str, sampler: Sampler, base_press: ScorerPress | None = None, layers: bool = False, **fixed):
     def factory(target_size: int, compression_interval: int, **overrides) -> SamplingDecodingPress:
         kwargs = dict(proposal=proposal, sampler=sampler, base_press=base_press, **fixed)
         kwargs.update(overrides)
         kwargs.setdefault("hidden_states_buffer_size", compression_interval)
         kwargs["sampler"] = copy.deepcopy(kwargs["sampler"])  # every press its own instances
         kwargs["base_press"] = copy.deepcopy(kwargs["base_press"])
-        return SamplingDecodingPress(target_size=target_size, compression_interval=compression_interval, **kwargs)
+        cls = SamplingDecodingPress
+        if layers:  # per-layer budgets at the same total
+            from kvpress_prob.layer_budgets import LayerBudgetDecodingPress as cls
+        return cls(target_size=target_size, compression_interval=compression_interval, **kwargs)
 
     return factory
 
@@ -348,6 +364,8 @@ DECODING_PRESSES = {
     "prob_decode_min_variance_priority_cap16": _press("min_variance", _PRIORITY, max_weight=16.0),
     "prob_decode_min_variance_priority_renorm": _press("min_variance", _PRIORITY, renormalise=True),
     "prob_decode_min_variance_priority_floor20": _press("min_variance", _PRIORITY, floor=0.2),
+    # issue 28: per-layer budgets at the same total (kvpress_prob.layer_budgets), behind the chosen design
+    "prob_decode_min_variance_priority_floor20_layers": _press("min_variance", _PRIORITY, layers=True, floor=0.2),
 }
 DECODING_PRESSES.update({f"{name}_nocorr": _nocorr(factory) for name, factory in list(DECODING_PRESSES.items())
                          if name.startswith("prob_decode_")})

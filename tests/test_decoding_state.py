@@ -88,7 +88,8 @@ INTERLEAVINGS = {
 }
 
 
-@pytest.mark.parametrize("name", ["decode_h2o_topk", "prob_decode_h2o_priority", "prob_decode_attn_priority"])
+@pytest.mark.parametrize("name", ["decode_h2o_topk", "prob_decode_h2o_priority", "prob_decode_attn_priority",
+                                  "prob_decode_min_variance_priority_floor20_layers"])
 def test_two_caches_keep_in_any_interleaving_the_sets_each_keeps_alone(name):
     """Two caches decoded in one ``with press(model)``: the accumulated attention, buffered queries, step
     counts and round counts (which seed the draws) are each cache's own, so every interleaving keeps in each

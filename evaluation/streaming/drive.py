@@ -74,8 +74,9 @@ def feed(model, ids: torch.Tensor, schedule: Schedule, press=None,
     Returns the cache's size: ``held_max`` (the most entries per KV head any layer held after a forward),
     ``attended_max`` (the most any forward attended: entries before it plus its tokens), ``held_end`` (the
     most after the last forward), ``kv_bytes`` (keys and values of the final cache), ``bias_bytes`` (the
-    correction bias a press keeps on it, measured before the press's context exits) and ``cache`` (the
-    final DynamicCache)."""
+    correction bias a press keeps on it, measured before the press's context exits), ``budget_bytes`` (keys
+    and values of ``budget`` entries per KV head in every layer: the equal-bytes target, whatever each
+    layer holds) and ``cache`` (the final DynamicCache)."""
     if ids.shape != (1, schedule.n):
         raise ValueError(f"ids must have shape (1, {schedule.n}), got {tuple(ids.shape)}")
     ids = ids.to(model.device)
@@ -103,8 +104,10 @@ def feed(model, ids: torch.Tensor, schedule: Schedule, press=None,
         bias_bytes = sum(b.numel() * b.element_size() for b in biases(model, cache))
     held_end = max(layer.keys.shape[2] for layer in cache.layers)
     kv_bytes = sum(2 * layer.keys.numel() * layer.keys.element_size() for layer in cache.layers)
+    budget_bytes = sum(2 * layer.keys[:, :, :1].numel() * layer.keys.element_size() * schedule.budget
+                       for layer in cache.layers)
     return {"held_max": held_max, "attended_max": attended_max, "held_end": held_end, "kv_bytes": kv_bytes,
-            "bias_bytes": bias_bytes, "cache": cache}
+            "bias_bytes": bias_bytes, "budget_bytes": budget_bytes, "cache": cache}
 
 
 def biases(model, cache) -> list[torch.Tensor]:

@@ -59,7 +59,11 @@ def press_table(df: pd.DataFrame) -> pd.DataFrame:
         columns[label] = means.apply(_interval, axis=1)
         columns[f"{label} / best baseline"] = (means["mean"] / means.loc[best, "mean"]).map("{:.2f}".format) if best else "–"
         columns.setdefault("streams", means["n"].astype(int))
-    budget_bytes = df["kv_bytes"] / df["held_end"] * df["budget"]  # keys and values of `budget` entries
+    # keys and values of `budget` entries per KV head in every layer: measured by `drive.feed` (records since
+    # issue 28's per-layer budgets, whose layers hold different counts); older records: from the largest layer
+    budget_bytes = df["kv_bytes"] / df["held_end"] * df["budget"]
+    if "budget_bytes" in df:
+        budget_bytes = df["budget_bytes"].where(df["budget_bytes"].notna(), budget_bytes)
     memory = (df["kv_bytes"] + df["bias_bytes"]) / budget_bytes
     sizes = df.assign(memory=memory).groupby("press").agg(
         held=("held_end", "max"), attended=("attended_max", "max"), bytes=("memory", "max"), seeds=("seed", "nunique"))

@@ -8,7 +8,8 @@ schedule, then every pending press; each finished unit is appended at once, so a
 the unit in flight. Record fields beside the key: task ("stream"), split, n_tokens, budget, chunk,
 interval, score_from, n_scored, nll_full, nll, nll_increase, kl (means over the scored tokens, nats),
 held_max, attended_max, held_end (entries per KV head), kv_bytes (keys and values of the final cache),
-bias_bytes (the correction bias a press keeps beside them, measured on the cache), seconds.
+bias_bytes (the correction bias a press keeps beside them, measured on the cache), budget_bytes (keys and values
+of `budget` entries per KV head in every layer: the equal-bytes target), seconds.
 """
 
 from __future__ import annotations
