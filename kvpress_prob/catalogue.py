@@ -149,6 +149,7 @@ REGISTERED: list[Parts] = [
     *grid("hybrid", ["kvzip"], units=["block8"], options=[("a50",)]),
     *grid("cross", ["kvzip"], units=["block8"], options=[("a50",), ("a75",), ("a50", "layers")]),
     *grid("topk", ["kvzip"], options=[("layers",)]),
+    *grid("cross", ["kvzip"], units=["block1"], options=[("a75", "mix50", "layers")]),
 ]
 
 #: Presses outside the grammar: name -> (factory of the compression ratio, or None for a press built
@@ -181,10 +182,18 @@ STATUS: dict[str, tuple[str, str]] = {
        for s in ("keydiff", "expected_attention") for a in (25, 50, 75)},
     **{f"cross_kvzip_block8_a{a}": ("measured", f"KVzip's top blocks for {a} % of each head's budget, the rest "
                                      "priority-sampled from pi_min-h, corrected (docs/three-regimes.md)") for a in (50, 75)},
-    "topk_kvzip_layers": ("recommended", "RECOMMENDED: first by maximin on dev (worst q 0.206, recall; RULER 0.455, "
-                          "prose 0.512): KVzip's scores and allocation over layers, real eviction at kvpress's bytes"),
-    "cross_kvzip_block8_a50_layers": ("recommended", "RECOMMENDED_PROSE: the best prose press of the dev pool (q 1.000), "
-                                      "RULER q 0.305, recall 0.129 (results/rule/dev-maximin.md)"),
+    "topk_kvzip_layers": ("measured", "round 1's RECOMMENDED (dev worst q 0.206, recall): KVzip's scores and "
+                          "allocation over layers, the layer's mean head count in every head (results/rule/dev-maximin.md)"),
+    "cross_kvzip_block8_a50_layers": ("measured", "round 1's RECOMMENDED_PROSE (prose q 1.000 in round 1's pool), RULER "
+                                      "q 0.305, recall 0.129 (results/rule/dev-maximin.md)"),
+    "topk_kvzip_widest": ("recommended", "RECOMMENDED (round 2): first by maximin on dev, worst q 0.457 (recall; RULER "
+                          "0.849, prose 0.477): every head of a layer keeps its neediest head's KVzip count, at "
+                          "kvpress's bytes (results/rule/dev-maximin-round2.md)"),
+    "topk_kvzip_ragged_fit": ("recommended", "RECOMMENDED_RETRIEVAL (round 2): RULER q 0.978 on dev, prose 0.202, recall "
+                              "0.279: the largest global KVzip top whose padded layers fit kvpress's bytes"),
+    "cross_kvzip_block1_a75_mix50_layers": ("recommended", "RECOMMENDED_PROSE (round 2): prose q 0.924 on dev, RULER "
+                                            "0.365, recall 0.211: KVzip's top tokens for 75 %, the rest priority-sampled "
+                                            "from a defensive mixture of pi_min-h and KVzip's ranks, corrected"),
     "cross_keydiff_block8_a50_nocorr": ("measured", "cross_keydiff_block8_a50 without the correction "
                                         "(docs/three-regimes.md)"),
     "keydiff": ("measured", f"39.1 / 25.3 at r = 0.5 / 0.75 ({_TEST})"),
@@ -209,7 +218,7 @@ STATUS: dict[str, tuple[str, str]] = {
     "expected_attention_adaptive": ("rejected", "AdaKV is far ahead at r = 0.75: -35.7 [-51.1, -20.2] "
                                     "(the allocation stays near uniform)"),
     "knorm_adaptive": ("measured", "+20.8 [+6.8, +34.8] over adakv_knorm at r = 0.25 (32 test examples)"),
-    "hybrid_keydiff_block8_a90": ("recommended", "RECOMMENDED_RETRIEVAL: best RULER q among equal-memory presses on dev "
+    "hybrid_keydiff_block8_a90": ("measured", "round 1's RECOMMENDED_RETRIEVAL: best RULER q among equal-memory presses on dev "
                                   "(0.707), prose q 0.154, recall q 0.051 (results/rule/dev-maximin.md); before: "
                                   "first on RULER dev (win 0.809); 33rd of 40 "
                                   "on prose dev (KL 2.82x h2o at r = 0.5, 7 windows); results/rule/dev-rule.md"),

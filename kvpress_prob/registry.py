@@ -78,16 +78,17 @@ SUMMARIES = {name: PRESSES[name] for name, entry in CATALOGUE.items() if entry.f
 
 
 #: The recommendations, chosen on the three development splits (RULER, prose, natural-text recall) by the
-#: maximin rule of docs/recommendation-rule.md, written before any of their new results was read
-#: (results/rule/dev-maximin.md): RECOMMENDED maximises the worst of its three scores relative to each regime's
-#: best press, among the presses holding at most kvpress top-k's bytes (+1 %) on the cache. It is a top-k press:
-#: KVzip's reconstruction scores (kvpress) with KVzip's allocation over layers and real eviction. The per-regime
-#: picks cost much elsewhere (docs/three-regimes.md): RECOMMENDED_PROSE (sampled, corrected) trails on RULER and
-#: recall, RECOMMENDED_RETRIEVAL on prose and recall. Before 2026-12-01 evening: RECOMMENDED = prob_min_h_priority
-#: (the two-regime rule), and before that hybrid_keydiff_block8_a90 (RULER only).
-RECOMMENDED = "topk_kvzip_layers"
-RECOMMENDED_PROSE = "cross_kvzip_block8_a50_layers"
-RECOMMENDED_RETRIEVAL = "hybrid_keydiff_block8_a90"
+#: maximin rule of docs/recommendation-rule.md (round 2, written before any round-2 result was read;
+#: results/rule/dev-maximin-round2.md): RECOMMENDED maximises the worst of its three scores relative to each
+#: regime's best press, among the presses holding at most kvpress top-k's bytes (+1 %) on the cache. It is a
+#: top-k press: KVzip's reconstruction scores (kvpress), every head of a layer keeping the count of the layer's
+#: neediest head under KVzip's global top, real eviction. The per-regime picks cost much elsewhere
+#: (docs/three-regimes.md): RECOMMENDED_PROSE (sampled, corrected) trails on RULER and recall,
+#: RECOMMENDED_RETRIEVAL on prose and recall. Before: topk_kvzip_layers (round 1 of the maximin rule),
+#: prob_min_h_priority (the two-regime rule), hybrid_keydiff_block8_a90 (RULER only).
+RECOMMENDED = "topk_kvzip_widest"
+RECOMMENDED_PROSE = "cross_kvzip_block1_a75_mix50_layers"
+RECOMMENDED_RETRIEVAL = "topk_kvzip_ragged_fit"
 
 
 def factory(name: str) -> Callable[[float], BasePress]:
