@@ -19,7 +19,9 @@ from kvpress_prob.registry import is_sampling
 
 
 def frame(dirs):
-    return pd.concat([pd.read_json(Path(d) / "results.jsonl", lines=True) for d in dirs], ignore_index=True)
+    """The records of ``dirs``; a (press, ratio, example, seed) run in more than one keeps its last directory's."""
+    df = pd.concat([pd.read_json(Path(d) / "results.jsonl", lines=True) for d in dirs], ignore_index=True)
+    return df.drop_duplicates(["press", "compression_ratio", "example_id", "seed"], keep="last")
 
 
 def main():
@@ -29,6 +31,7 @@ def main():
         p.add_argument(f"--{regime}", nargs="+", required=True)
     p.add_argument("--ratios", nargs="+", type=float, default=[0.5, 0.75])
     p.add_argument("--only", nargs="+", default=None, help="restrict the pool to these presses")
+    p.add_argument("--suffix", default="", help="appended to the output's name (results/rule/<split>-maximin<suffix>.md)")
     args = p.parse_args()
     frames = {r: frame(getattr(args, r)) for r in ("ruler", "prose", "recall")}
     if args.only:
@@ -50,7 +53,7 @@ def main():
                for k, v in chosen.items()], "",
              f"First by worst among all candidates (any origin): `{table[table.candidate].index[0]}`.", "",
              markdown_table(shown, float_format="{:.3f}"), ""]
-    out = Path(__file__).with_name(f"{args.split}-maximin.md")
+    out = Path(__file__).with_name(f"{args.split}-maximin{args.suffix}.md")
     out.write_text("\n".join(lines))
     table.to_csv(out.with_suffix(".csv"))
     print("\n".join(lines[:14]))

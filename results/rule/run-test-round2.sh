@@ -17,7 +17,8 @@ PICKS="topk_kvzip_layers cross_kvzip_block8_a50_layers kvzip prob_uniform_priori
 BASE="h2o snapkv tova keydiff expected_attention topk_keydiff_block8 hybrid_keydiff_block8_a90 prob_min_h_priority prob_min_h_priority_head"
 case "$1" in
 ruler1024)  # round 1's 8 examples are in regime-ruler-1024(-cand); the baselines' 32 in results/test/ruler-1024 etc.
-  $R1024 --presses $PICKS h2o snapkv --out results/test/round2-ruler-1024 ;;
+  $R1024 --presses $PICKS h2o snapkv --out results/test/round2-ruler-1024
+  $R1024 --ratios 0.25 --presses prob_min_h_priority prob_min_h_priority_head --out results/test/round2-ruler-1024 ;;
 prose)      # 23 windows; the baselines at r = 0.5 / 0.75 are in results/prose/test-1024
   $PROSE --ratios 0.25 0.5 0.75 --presses $PICKS topk_keydiff_block8 --out results/prose/test-1024-round2
   $PROSE --ratios 0.25 --presses h2o snapkv tova keydiff expected_attention prob_min_h_priority prob_min_h_priority_head \
