@@ -66,19 +66,31 @@ def parse_pair(text: str) -> tuple[str, str]:
     return a, b
 
 
-def main(argv: list[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(prog="python -m evaluation.pairs", description=__doc__.split("\n")[0])
+def pair_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """A parser with the options of a report on press pairs (this module's, ``evaluation.twins``'):
+    --results, --pairs, --split and --out."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--results", nargs="+", required=True, help="results folders or .jsonl files (one split)")
-    parser.add_argument("--pairs", nargs="+", type=parse_pair, required=True, metavar="A:B", help="press pairs, A minus B")
+    parser.add_argument("--pairs", nargs="+", type=parse_pair, required=True, metavar="A:B",
+                        help="press pairs (registry names), A minus B")
     parser.add_argument("--split", required=True, choices=["development", "test"], help="which split the results are")
-    parser.add_argument("--head-dim", type=int, default=64, help="head dimension of the model (SmolLM2-135M: 64)")
     parser.add_argument("--out", default=None, help="markdown file to write (unset: print only)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = pair_parser("python -m evaluation.pairs", __doc__.split("\n")[0])
+    parser.add_argument("--head-dim", type=int, default=64, help="head dimension of the model (SmolLM2-135M: 64)")
     args = parser.parse_args(argv)
     df = load_folders(args.results)
     df = df.drop_duplicates(["model", "dataset", "data_dir", "example_id", "press", "compression_ratio", "seed"])
-    text = markdown(pair_table(df, args.pairs, args.head_dim), args.split)
-    if args.out:
-        write_atomic(Path(args.out), text)
+    return publish(markdown(pair_table(df, args.pairs, args.head_dim), args.split), args.out)
+
+
+def publish(text: str, out: str | None) -> str:
+    """Print a pair report's markdown and, with ``out``, write it there first; returns it."""
+    if out:
+        write_atomic(Path(out), text)
     print(text)
     return text
 

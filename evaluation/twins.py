@@ -10,15 +10,14 @@ a 95 % t-interval (``evaluation.stats.paired_table``), and each arm's mean on th
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import pandas as pd
 
 from evaluation.aggregate import prepare
 from evaluation.report import markdown_table
-from evaluation.pairs import parse_pair
+from evaluation.pairs import pair_parser, publish
 from evaluation.stats import paired_table
-from evaluation.store import load_folders, write_atomic
+from evaluation.store import load_folders
 
 
 def _cell(row) -> str:
@@ -54,23 +53,14 @@ def markdown(df: pd.DataFrame, pairs: list[tuple[str, str]], split: str, task: s
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m evaluation.twins", description=__doc__.split("\n\n")[0])
-    p.add_argument("--results", nargs="+", required=True, help="results folders or .jsonl files (one split)")
-    p.add_argument("--split", required=True, choices=["development", "test"], help="which split the results are")
-    p.add_argument("--pairs", nargs="+", type=parse_pair, required=True, metavar="A:B",
-                   help="a:b registry names, a minus b")
+    p = pair_parser("python -m evaluation.twins", __doc__.split("\n\n")[0])
     p.add_argument("--task", default="fwe", help="also report this task alone (default: fwe)")
-    p.add_argument("--out", default=None, help="markdown file to write (default: print only)")
     return p
 
 
 def main(argv: list[str] | None = None) -> str:
     args = parser().parse_args(argv)
-    text = markdown(load_folders(args.results), args.pairs, args.split, args.task)
-    if args.out:
-        write_atomic(Path(args.out), text)
-    print(text)
-    return text
+    return publish(markdown(load_folders(args.results), args.pairs, args.split, args.task), args.out)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,10 @@ back by ``parse_name`` and built by ``build``. The kinds of name and their prefi
   (``hybrid_keydiff_block8_a90``).
 - ``cross``: cross-proposal hybrids (``kvpress_prob.cross``): the ``a<percent>`` share of each head's
   budget kept exactly as the blocks with the largest scores of a kvpress scorer, the rest priority-sampled
-  from pi_min-h with the correction (``cross_keydiff_block8_a50``); always a per-head budget.
+  from pi_min-h with the correction (``cross_keydiff_block8_a50``); always a per-head budget. With
+  ``mix<k>`` the rest is sampled from the defensive mixture (1 - k/100) pi_min-h + k/100 * the scorer's
+  rank-calibrated scores (``kvpress_prob.mixture``; ``a0`` is a pure mixture, ``tblock`` samples it in
+  blocks, ``peak<k>`` keeps top-k in heads whose scores are peaked): ``cross_kvzip_block8_a50_mix50_layers``.
 
 kvpress's ``KVzipPress`` is the kvpress-kind name ``kvzip`` (it masks, as AdaKV does, and frees nothing);
 the proposal ``kvzip`` is its reconstruction scores kept by our designs with real eviction
@@ -44,6 +47,7 @@ from kvpress_prob.calibration import CalibratedProposal
 from kvpress_prob.cross import CrossStratifiedSampler, PairProposal, UniformProposal
 from kvpress_prob.h2o import EagerObservedAttentionPress
 from kvpress_prob.kvzip import KVzipSampledPress
+from kvpress_prob.mixture import MixtureSampler
 from kvpress_prob.press import SamplingPress
 from kvpress_prob.proposals import (H2OProposal, MinVarianceProposal, Proposal, SampledMinVarianceProposal,
                                    ScoreProposal)
@@ -100,6 +104,11 @@ OPTIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "rank": (r"rank", "CalibratedProposal(calibration='rank'): pi by the scorer's rank", ("prob",)),
     "ent": (r"ent", "CalibratedProposal(calibration='entropy'): entropy-matched softmax", ("prob",)),
     "a": (r"a(\d+)", "StratifiedSampler alpha=<k>/100: the top share of each head kept exactly", ("hybrid", "cross")),
+    "mix": (r"mix(\d+)", "MixtureSampler lam=<k>/100: the tail priority-sampled from the defensive mixture "
+            "(1 - lam) pi_min-h + lam * the scorer's rank-calibrated scores (kvpress_prob.mixture)", ("cross",)),
+    "tblock": (r"tblock", "MixtureSampler unit=<block size>: the mixture's tail sampled in blocks", ("cross",)),
+    "peak": (r"peak(\d+)", "MixtureSampler peaked=<k>/100: a head whose scorer mass in its top k is >= k/100 keeps "
+             "top-k blocks", ("cross",)),
     "strata": (r"strata", "PoissonSampler alpha=0.5: the top half of each head's allocation kept", ("prob",)),
     "coord": (r"coord", "PoissonSampler coordinated=True: one uniform per position for all heads", ("prob",)),
     "ht": (r"ht", "PoissonSampler inclusion_weights=True: Horvitz-Thompson weights 1/q_i", ("prob",)),
@@ -255,6 +264,12 @@ def check(parts: Parts, name: str | None = None) -> None:
         _refuse(name, f"a {kind} press needs a block unit and an a<percent> option")
     if kind == "cross" and (parts.proposal not in [*SCORERS, "kvzip"] or not 0 <= int(_value(parts, "a")) <= 100):
         _refuse(name, "a cross press names a kvpress scorer (its exact set) and a<percent> in 0..100")
+    if {"tblock", "peak"} & set(keys) and "mix" not in keys:
+        _refuse(name, "tblock and peak<k> are options of the mixture tail: add mix<k>")
+    if "mix" in keys and not 0 <= int(_value(parts, "mix")) <= 100:
+        _refuse(name, "mix<k> is the mixture weight lam in percent, 0..100")
+    if "peak" in keys and not 0 < int(_value(parts, "peak")) <= 100:
+        _refuse(name, "peak<k> is the peak share in percent, 1..100")
     if kind in ("kvpress", "adakv") and parts.proposal in KVPRESS_OTHER and (kind != "kvpress" or parts.options):
         _refuse(name, f"{parts.proposal!r} is kvpress's own press, named alone")
     if parts.proposal in ("uniform", "kvzip") and set(keys) & {"c", "shared", "w", "s", "rank", "ent", "sum", "seg",
@@ -323,17 +338,27 @@ def _token_sampler(parts: Parts) -> Sampler:
     return {"priority": PrioritySampler, "topk": TopKSampler}[design]()
 
 
+def _cross_sampler(parts: Parts) -> CrossStratifiedSampler:
+    """A cross press's draw: ``CrossStratifiedSampler``, or with ``mix<k>`` a ``MixtureSampler``."""
+    alpha, size = int(_value(parts, "a")) / 100, int(parts.unit[5:])
+    if not _value(parts, "mix"):
+        return CrossStratifiedSampler(alpha=alpha, size=size)
+    peak = _value(parts, "peak")
+    return MixtureSampler(alpha=alpha, size=size, lam=int(_value(parts, "mix")) / 100,
+                          unit=size if _value(parts, "tblock") else 1, peaked=int(peak) / 100 if peak else None)
+
+
 def build(parts: Parts, compression_ratio: float) -> BasePress:
     """The press that ``parts`` name, at ``compression_ratio``."""
     check(parts)
     r = compression_ratio
+    if parts.kind == "cross":
+        sampler = _cross_sampler(parts)
     if parts.kind == "cross" and parts.proposal == "kvzip":
-        sampler = CrossStratifiedSampler(alpha=int(_value(parts, "a")) / 100, size=int(parts.unit[5:]))
         press = KVzipSampledPress(compression_ratio=r, sampler=sampler, budget="head", correct=not _value(parts, "nocorr"),
                                   tail=MinVarianceProposal(harmonic=True), layers=bool(_value(parts, "layers")))
     elif parts.kind == "cross":
         exact = ScoreProposal(scorer=SCORERS[parts.proposal]())
-        sampler = CrossStratifiedSampler(alpha=int(_value(parts, "a")) / 100, size=int(parts.unit[5:]))
         press = SamplingPress(proposal=PairProposal(exact=exact), sampler=sampler, compression_ratio=r,
                               budget="head", correct=not _value(parts, "nocorr"))
     elif parts.kind in ("kvpress", "adakv") and parts.proposal in KVPRESS_OTHER:

@@ -10,31 +10,47 @@ from kvpress_prob.kvzip import KVzipSampledPress
 from kvpress_prob.registry import get_press
 from tests.conftest import random_ids, tiny_model
 
+N = 64  # context tokens of every prefill here
 
-def test_equal_memory_and_the_top_k_twin_keeps_the_top_scores():
-    model, n = tiny_model("llama"), 64
-    ids = random_ids(n, seed=4)
+
+@pytest.fixture
+def prefilled():
+    """``prefilled(arch, seed, press)``: (model, ids, cache) of ``press`` on N random tokens (``seed``) of a
+    tiny ``arch`` model, KVzip's score store emptied first (and after the test), so that it holds this
+    prefill's scores only."""
+
+    def prefill(arch: str, seed: int, press):
+        model, ids = tiny_model(arch), random_ids(N, seed=seed)
+        kvzip._SCORES.clear()
+        return model, ids, press_prefill(model, ids, press)
+
+    yield prefill
     kvzip._SCORES.clear()
-    topk = get_press("topk_kvzip_head", 0.5)
-    cache = press_prefill(model, ids, topk)
-    full = press_prefill(model, ids, None)
-    scores = next(iter(kvzip._SCORES.values()))  # (L, 1, H, n): computed once, kept
+
+
+def only_scores() -> torch.Tensor:
+    """The (L, 1, H, n) KVzip scores in the store, which must hold one prefill's: computed once, kept."""
     assert len(kvzip._SCORES) == 1
+    return next(iter(kvzip._SCORES.values()))
+
+
+def test_equal_memory_and_the_top_k_twin_keeps_the_top_scores(prefilled):
+    topk = get_press("topk_kvzip_head", 0.5)
+    model, ids, cache = prefilled("llama", 4, topk)
+    full = press_prefill(model, ids, None)
+    scores = only_scores()
     for layer, (a, b) in enumerate(zip(cache.layers, full.layers)):
-        assert a.keys.shape[2] == n // 2  # kvpress's per-head count, no padding
+        assert a.keys.shape[2] == N // 2  # kvpress's per-head count, no padding
         s = scores[layer, 0].float().clone()
         s[:, : topk.n_sink] = s.max() + 1
         for h in range(a.keys.shape[1]):
-            keep = s[h].topk(n // 2).indices.sort().values
+            keep = s[h].topk(N // 2).indices.sort().values
             assert torch.equal(a.keys[0, h], b.keys[0, h, keep])
-    assert cache_summary(cache, topk, n)[1] == sum(l.keys.numel() * 4 * 2 // 2 for l in full.layers)
+    assert cache_summary(cache, topk, N)[1] == sum(l.keys.numel() * 4 * 2 // 2 for l in full.layers)
 
 
-def test_sampled_designs_depend_on_the_seed_and_reuse_the_scores():
-    model, n = tiny_model("qwen3"), 64
-    ids = random_ids(n, seed=5)
-    kvzip._SCORES.clear()
-    a = press_prefill(model, ids, get_press("prob_kvzip_priority_head", 0.5, seed=0))
+def test_sampled_designs_depend_on_the_seed_and_reuse_the_scores(prefilled):
+    model, ids, a = prefilled("qwen3", 5, get_press("prob_kvzip_priority_head", 0.5, seed=0))
     calls = []
     original = KVzipSampledPress.__mro__[1]._perform_kvzip_compression
     KVzipSampledPress.__mro__[1]._perform_kvzip_compression = lambda self, m, t: calls.append(1) or original(self, m, t)
@@ -45,7 +61,7 @@ def test_sampled_designs_depend_on_the_seed_and_reuse_the_scores():
         KVzipSampledPress.__mro__[1]._perform_kvzip_compression = original
     assert calls == []  # the reconstruction passes ran once, for the first press
     assert any(not torch.equal(x.keys, y.keys) for x, y in zip(a.layers, b.layers))
-    assert all(x.keys.shape[2] == n // 4 for x in c.layers)
+    assert all(x.keys.shape[2] == N // 4 for x in c.layers)
 
 
 def test_refusals():
@@ -55,16 +71,14 @@ def test_refusals():
         KVzipSampledPress(compression_ratio=0.5, budget="model")
 
 
-def test_cross_kvzip_keeps_kvzip_blocks_and_a_corrected_min_h_tail():
+def test_cross_kvzip_keeps_kvzip_blocks_and_a_corrected_min_h_tail(prefilled):
     from evaluation.engine import Prefill
     from kvpress_prob.cross import CrossStratifiedSampler
 
-    model, n = tiny_model("llama"), 64
-    ids = random_ids(n, seed=6)
     press = get_press("cross_kvzip_block8_a50", 0.5, seed=0)
     assert isinstance(press.sampler, CrossStratifiedSampler) and press.tail is not None
-    cache = press_prefill(model, ids, press)
-    assert all(layer.keys.shape[2] == n // 2 for layer in cache.layers)
+    model, ids, cache = prefilled("llama", 6, press)
+    assert all(layer.keys.shape[2] == N // 2 for layer in cache.layers)
     # the tail proposal is the prefill's pi_min-h: the same as a SamplingPress computes in the shared prefill
     shared = Prefill(model, ids, [get_press("prob_min_h_priority_head", 0.5)])
     proposals = shared.proposals_of(get_press("prob_min_h_priority_head", 0.5))
@@ -87,18 +101,15 @@ def test_cross_kvzip_keeps_kvzip_blocks_and_a_corrected_min_h_tail():
         KVzipSampledPress(compression_ratio=0.5, sampler=CrossStratifiedSampler())
 
 
-def test_allocation_over_layers_holds_at_most_kvpress_bytes_without_padding():
-    model, n = tiny_model("qwen3"), 64
-    ids = random_ids(n, seed=7)
-    kvzip._SCORES.clear()
+def test_allocation_over_layers_holds_at_most_kvpress_bytes_without_padding(prefilled):
     press = get_press("topk_kvzip_layers", 0.5)
-    cache = press_prefill(model, ids, press)
-    scores = next(iter(kvzip._SCORES.values())).float().clone()
+    model, ids, cache = prefilled("qwen3", 7, press)
+    scores = only_scores().float().clone()
     scores[..., : press.n_sink] = scores.amax() + 1
     counts = press.layer_counts(scores)
     assert [layer.keys.shape[2] for layer in cache.layers] == counts  # every head of a layer keeps the same count
     L, H = len(cache.layers), cache.layers[0].keys.shape[1]
-    assert sum(counts) * H <= int(0.5 * L * H * n) and sum(counts) * H > int(0.5 * L * H * n) - L * H
+    assert sum(counts) * H <= int(0.5 * L * H * N) and sum(counts) * H > int(0.5 * L * H * N) - L * H
     flat = scores.reshape(-1)
-    top = flat.topk(int(0.5 * flat.numel())).indices // (H * n)
+    top = flat.topk(int(0.5 * flat.numel())).indices // (H * N)
     assert counts == [max(1, int((top == layer).sum()) // H) for layer in range(L)]

@@ -22,33 +22,32 @@ def add_parser(sub, add, ratio, positive_int, model_option) -> None:
     from evaluation.datasets.essays import SPLITS
 
     p = add("prose", "the prose benchmark: prefill an essay window, score the next tokens teacher-forced (KL, ΔNLL)")
-    verbs = p.add_subparsers(dest="prose_command", required=True)
-    r = verbs.add_parser("run", help="run configurations on the windows of one split (resumable)",
-                         description="run configurations on the windows of one split (resumable: rerun to finish)")
-    model_option(r)
+    r = add_verbs(p, "prose", model_option, "the top-k press with the lowest mean KL at each ratio")
     r.add_argument("--split", required=True, choices=SPLITS, help="essays of the development or the test split "
                                                                    "(docs/protocol.md, Prose split)")
     r.add_argument("--context", type=positive_int("--context"), required=True,
                    help=f"context tokens n prefilled per window (the protocol's: {' and '.join(map(str, CONTEXTS))})")
     r.add_argument("--scored-tokens", type=positive_int("--scored-tokens"), default=SCORED_TOKENS,
                    help="continuation tokens T scored teacher-forced")
-    r.add_argument("--presses", nargs="+", required=True, metavar="NAME",
-                   help="registry names (the full cache is always run as the reference)")
-    r.add_argument("--ratios", nargs="+", type=ratio, default=[0.5, 0.75], help="compression ratios in [0, 1)")
-    r.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds of the sampling presses")
-    r.add_argument("--max-per-essay", type=positive_int("--max-per-essay"), default=None,
-                   help="the first windows of each essay only (unset: all)")
-    r.add_argument("--max-windows", type=positive_int("--max-windows"), default=None,
-                   help="at most this many windows: every essay's first, then every essay's second, ... (unset: all)")
-    r.add_argument("--out", required=True, help="results folder (one split and context length per folder)")
+    sweep_arguments(r, ratio, positive_int)
     r.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
-    r.add_argument("--no-report", action="store_true", help="do not write the report at the end")
-    rep = verbs.add_parser("report", help="tables of a prose results folder (report.md, summary.csv)",
-                           description="tables of a prose results folder: paired over windows, win scores over essays")
-    rep.add_argument("--results", nargs="+", required=True, help="results folders or .jsonl files (one split, one length)")
-    rep.add_argument("--reference", default=None,
-                     help="press to compare every press with (unset: the top-k press with the lowest mean KL at each ratio)")
+
+
+def add_verbs(p, name: str, model_option, reference: str):
+    """The ``run`` and ``report`` verbs of the essay benchmark ``name`` (prose, recall) under its parser
+    ``p``. Returns ``run``'s parser, with --model, for the benchmark's options and ``sweep_arguments``;
+    ``report`` takes --results, --reference (unset: ``reference``) and --out."""
+    verbs = p.add_subparsers(dest=f"{name}_command", required=True)
+    r = verbs.add_parser("run", help="run configurations on the windows of one split (resumable)",
+                         description="run configurations on the windows of one split (resumable: rerun to finish)")
+    model_option(r)
+    rep = verbs.add_parser("report", help=f"tables of a {name} results folder (report.md, summary.csv)",
+                           description=f"tables of a {name} results folder: paired over windows, win scores over essays")
+    rep.add_argument("--results", nargs="+", required=True,
+                     help="results folders or .jsonl files (one split, one setting)")
+    rep.add_argument("--reference", default=None, help=f"press to compare every press with (unset: {reference})")
     rep.add_argument("--out", default=None, help="folder for report.md and summary.csv (unset: the first results folder)")
+    return r
 
 
 def command_line(args) -> str:
@@ -59,6 +58,21 @@ def command_line(args) -> str:
     if args.model:
         parts += ["--model", args.model]
     return shlex.join(parts + sweep_options(args))
+
+
+def sweep_arguments(r, ratio, positive_int) -> None:
+    """Add the options of a run over essay windows that ``sweep_options`` writes back (presses, ratios,
+    seeds, window limits, --out) and --no-report (prose and recall alike)."""
+    r.add_argument("--presses", nargs="+", required=True, metavar="NAME",
+                   help="registry names (the full cache is always run as the reference)")
+    r.add_argument("--ratios", nargs="+", type=ratio, default=[0.5, 0.75], help="compression ratios in [0, 1)")
+    r.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds of the sampling presses")
+    r.add_argument("--max-per-essay", type=positive_int("--max-per-essay"), default=None,
+                   help="the first windows of each essay only (unset: all)")
+    r.add_argument("--max-windows", type=positive_int("--max-windows"), default=None,
+                   help="at most this many windows: every essay's first, then every essay's second, ... (unset: all)")
+    r.add_argument("--out", required=True, help="results folder (one split and one setting per folder)")
+    r.add_argument("--no-report", action="store_true", help="do not write the report at the end")
 
 
 def sweep_options(args) -> list[str]:
@@ -88,37 +102,56 @@ def cmd_run(args, load, model_name) -> Path:
     records' model name (the kvprob CLI's own)."""
     import torch
 
-    from evaluation import manifest
     from evaluation.datasets.essays import skipped, windows
     from evaluation.prose.measure import order, run
+
+    def find(tokenizer):
+        found = order(windows(tokenizer, args.context, args.scored_tokens, args.split, args.max_per_essay),
+                      args.max_windows)
+        short = skipped(tokenizer, args.context, args.scored_tokens, args.split)
+        print(f"{args.split}: {len(found)} windows of {len({w.essay for w in found})} essays; {len(short)} essays "
+              f"shorter than one window skipped ({', '.join(short)})", file=sys.stderr)
+        return found
+
+    def measure(model, tokenizer, found, configs, store):
+        return run(model, tokenizer, found, configs, store, model_name=model_name(args.model), split=args.split,
+                   scored_tokens=args.scored_tokens)
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = run_folder(args, load, model_name, DATASET, {}, find, measure, command_line(args))
+    if not args.no_report:
+        cmd_report(argparse.Namespace(results=[out], reference=None, out=None))
+    return out
+
+
+def run_folder(args, load, model_name, dataset: str, version: dict, find, measure, command: str) -> Path:
+    """A run over essay windows into ``args.out`` (prose and recall alike): the presses and the folder's
+    manifest are checked before the model is loaded (``load(args)``) and again with it, ``find(tokenizer)``
+    gives the windows, the run is recorded in the manifest (``command`` its command line), then
+    ``measure(model, tokenizer, windows, configurations, store)`` writes the records not yet in the store.
+    The manifest's identity: ``manifest.identity`` of the run's settings, updated with ``version``."""
+    from evaluation import manifest
     from evaluation.runner import configurations
     from evaluation.store import ResultStore
 
     check_presses(args.presses)  # a registered name or any valid grid name; the error lists the valid parts
     out = Path(args.out)
-    settings = dict(model=model_name(args.model), dataset=DATASET, data_seed=None, context_length=args.context,
+    settings = dict(model=model_name(args.model), dataset=dataset, data_seed=None, context_length=args.context,
                     query_aware=False, split=args.split, scored_tokens=args.scored_tokens)
     data_dir = str(args.context)
-    manifest.check_folder(out, manifest.identity(**settings), data_dir=data_dir)  # before the model is loaded
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    manifest.check_folder(out, manifest.identity(**settings) | version, data_dir=data_dir)  # before the model
     model, tokenizer = load(args)
-    identity = manifest.identity(**settings, loaded_model=model, tokenizer=tokenizer)
+    identity = manifest.identity(**settings, loaded_model=model, tokenizer=tokenizer) | version
     notes = manifest.check_folder(out, identity, data_dir=data_dir)
-    found = order(windows(tokenizer, args.context, args.scored_tokens, args.split, args.max_per_essay), args.max_windows)
-    short = skipped(tokenizer, args.context, args.scored_tokens, args.split)
-    print(f"{args.split}: {len(found)} windows of {len({w.essay for w in found})} essays; {len(short)} essays shorter "
-          f"than one window skipped ({', '.join(short)})", file=sys.stderr)
+    found = find(tokenizer)
     store = ResultStore(out / "results.jsonl")
     entry = manifest.run_entry(n_examples=len(found), tasks=None, decode_batch=1, shard=None, device=str(model.device))
-    manifest.write(store.path, identity, entry | {"command": command_line(args)}, notes)
+    manifest.write(store.path, identity, entry | {"command": command}, notes)
     store.path.touch()
     start = time.perf_counter()
-    written = run(model, tokenizer, found, configurations(args.presses, args.ratios, args.seeds), store,
-                  model_name=model_name(args.model), split=args.split, scored_tokens=args.scored_tokens)
+    written = measure(model, tokenizer, found, configurations(args.presses, args.ratios, args.seeds), store)
     print(f"{written} records written to {store.path} in {time.perf_counter() - start:.0f} s", file=sys.stderr)
-    if not args.no_report:
-        cmd_report(argparse.Namespace(results=[out], reference=None, out=None))
     return out
 
 

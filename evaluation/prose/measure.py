@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import contextmanager
 
 import torch
 from tqdm.auto import tqdm
@@ -43,6 +44,16 @@ def order(windows: list[Window], max_windows: int | None = None) -> list[Window]
     return ranked if max_windows is None else ranked[:max_windows]
 
 
+def context_length(window: Window, scored_tokens: int) -> int:
+    """The context tokens n of a prose window: all but the ``scored_tokens`` continuation tokens and the
+    last target."""
+    n = window.ids.shape[1] - scored_tokens - 1
+    if n < 1:
+        raise ValueError(f"window {window.window_id} holds {window.ids.shape[1]} tokens, fewer than "
+                         f"scored_tokens + 2 = {scored_tokens + 2}")
+    return n
+
+
 def bias_bytes(cache, layers) -> int:
     """Bytes of the correction bias a SamplingPress left on ``cache`` (0 for any other press): one
     value per stored entry and KV head, held beside the keys and values."""
@@ -70,6 +81,40 @@ def masks_as_bias(cache, layers) -> bool:
     return True
 
 
+def pending(windows: list, contexts: list[int], configs: list[Config], store: ResultStore, *, dataset: str,
+            model_name: str) -> list[tuple]:
+    """(window, n, the fields that key its records, its configurations not yet in ``store``) for every
+    window with any left, in the order of ``windows``; ``contexts`` holds each window's context length n
+    (the records' data_dir). Prose and recall alike."""
+    done = store.done_keys()
+    todo = []
+    for w, n in zip(windows, contexts, strict=True):
+        base = dict(model=model_name, dataset=dataset, data_dir=str(n), example_id=w.window_id)
+        cfgs = [c for c in configs if record_key(base | dict(press=c.label, compression_ratio=c.compression_ratio,
+                                                              seed=c.seed)) not in done]
+        if cfgs:
+            todo.append((w, n, base, cfgs))
+    return todo
+
+
+@contextmanager
+def compressed(shared: Prefill, cfg: Config, n: int):
+    """``cfg``'s press on the shared prefill of ``n`` context tokens: yields (the compressed cache, the
+    bytes it holds: realised_ratio, kv_bytes, bias_bytes) with kvpress AdaKV's masks turned into the
+    correction's bias (``masks_as_bias``) until the block ends. Prose and recall alike."""
+    press = cfg.build()
+    cache = shared.compress(press)
+    realised, held = cache_summary(cache, press, n)
+    memory = dict(realised_ratio=realised, kv_bytes=held, bias_bytes=bias_bytes(cache, shared.layers))
+    masked = masks_as_bias(cache, shared.layers)  # after bias_bytes: a mask is not held beside the cache
+    try:
+        yield cache, memory
+    finally:
+        if masked:
+            for layer in shared.layers:
+                correction.reset(layer.self_attn)
+
+
 @torch.no_grad()
 def run(model, tokenizer, windows: list[Window], configs: list[Config], store: ResultStore, *, model_name: str,
         split: str, scored_tokens: int, progress: bool = True) -> int:
@@ -82,17 +127,8 @@ def run(model, tokenizer, windows: list[Window], configs: list[Config], store: R
     kv_bytes, bias_bytes, seconds (compression + scoring), prefill_seconds (the window's shared
     prefill and reference forward), n_context, scored_tokens."""
     t = scored_tokens
-    todo = []
-    done = store.done_keys()
-    for w in windows:
-        n = w.ids.shape[1] - t - 1
-        if n < 1:
-            raise ValueError(f"window {w.window_id} holds {w.ids.shape[1]} tokens, fewer than scored_tokens + 2 = {t + 2}")
-        base = dict(model=model_name, dataset=DATASET, data_dir=str(n), example_id=w.window_id)
-        cfgs = [c for c in configs if record_key(base | dict(press=c.label, compression_ratio=c.compression_ratio,
-                                                              seed=c.seed)) not in done]
-        if cfgs:
-            todo.append((w, n, base, cfgs))
+    todo = pending(windows, [context_length(w, t) for w in windows], configs, store, dataset=DATASET,
+                   model_name=model_name)
     bar = tqdm(total=sum(len(c) for *_, c in todo), desc=f"prose/{split}", disable=not progress)
     written = 0
     for w, n, base, cfgs in todo:
@@ -104,21 +140,13 @@ def run(model, tokenizer, windows: list[Window], configs: list[Config], store: R
         prefill_seconds = time.perf_counter() - start
         for cfg in cfgs:
             start = time.perf_counter()
-            press = cfg.build()
-            cache = shared.compress(press)
-            realised, held = cache_summary(cache, press, n)
-            extra = bias_bytes(cache, shared.layers)
-            masked = masks_as_bias(cache, shared.layers)  # after bias_bytes: a mask is not held beside the cache
-            logits, _ = teacher_forced(model, cache, fed, n)
-            if masked:
-                for layer in shared.layers:
-                    correction.reset(layer.self_attn)
+            with compressed(shared, cfg, n) as (cache, memory):
+                logits, _ = teacher_forced(model, cache, fed, n)
             del cache
             store.append([base | dict(
                 split=split, task=w.essay, press=cfg.label, compression_ratio=cfg.compression_ratio, seed=cfg.seed,
-                **window_metrics(reference, logits, targets), realised_ratio=realised, kv_bytes=held,
-                bias_bytes=extra, seconds=time.perf_counter() - start, prefill_seconds=prefill_seconds,
-                n_context=n, scored_tokens=t)])
+                **window_metrics(reference, logits, targets), **memory, seconds=time.perf_counter() - start,
+                prefill_seconds=prefill_seconds, n_context=n, scored_tokens=t)])
             written += 1
             bar.update(1)
         logger.info("%s: %d configurations, prefill %.1fs, total %.1fs", w.window_id, len(cfgs), prefill_seconds,

@@ -69,10 +69,10 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
 # --------------------------------------------------------------------------- tables
 
 
-def references(df: pd.DataFrame, reference: str | None = None) -> dict[float, str]:
+def references(df: pd.DataFrame, reference: str | None = None, value: str = "kl") -> dict[float, str]:
     """The reference press at each ratio: ``reference`` if given, else the deterministic (top-k)
-    press with the lowest mean KL over windows there, chosen on the windows it is compared on (a
-    minimum of noisy means: it favours top-k)."""
+    press with the lowest mean ``value`` over windows there, chosen on the windows it is compared on (a
+    minimum of noisy means: it favours top-k); ties go to the first press name."""
     ratios = sorted(df.loc[df["press"] != REFERENCE, "compression_ratio"].unique())
     if reference is not None:
         if reference not in set(df["press"]):
@@ -82,7 +82,7 @@ def references(df: pd.DataFrame, reference: str | None = None) -> dict[float, st
     topk = df[(df["press"] != REFERENCE) & ~df["press"].map(_sampling)]
     if topk.empty:
         raise ValueError("no deterministic press in the results to compare with: pass reference=")
-    means = stats.mean_table(topk, "kl", by=["compression_ratio", "press"])
+    means = stats.mean_table(topk, value, by=["compression_ratio", "press"])
     return {r: g.sort_values(["mean", "press"]).iloc[0]["press"] for r, g in means.groupby("compression_ratio")}
 
 
@@ -98,28 +98,44 @@ def summary(df: pd.DataFrame, refs: dict[float, str]) -> pd.DataFrame:
     minus the reference paired over windows (KL and NLL increase, windows where lower), KL / reference
     KL (ratio of means, paired bootstrap interval), held and realised ratio, seconds per configuration."""
     rows = []
-    compressed = df[df["press"] != REFERENCE]
-    for ratio, at in compressed.groupby("compression_ratio"):
-        ref = refs[ratio]
-        means = {v: stats.example_means(at, v, ["press"]) for v in VALUES}
-        ref_kl = means["kl"][means["kl"]["press"] == ref].set_index("example_id")["kl"]
-        for press, g in at.groupby("press"):
-            row = {"compression_ratio": ratio, "press": press, "reference": ref, "windows": g["example_id"].nunique(),
-                   "essays": g["task"].nunique(), "seeds": g["seed"].nunique(), "held": g["held"].mean(),
-                   "realised_ratio": g["realised_ratio"].mean(), "seconds": g["seconds"].mean()}
-            for v in VALUES:
-                ci = stats.mean_ci(means[v][means[v]["press"] == press][v])
-                row |= {v: ci["mean"], f"{v}_lo": ci["lo"], f"{v}_hi": ci["hi"]}
-                if press != ref:
-                    d = stats.paired_table(at, v, "press", press, ref).iloc[0]
-                    row |= {f"{v}_diff": d["mean"], f"{v}_diff_lo": d["lo"], f"{v}_diff_hi": d["hi"],
-                            f"{v}_lower": int(d["a_better"]), "pairs": int(d["n"])}
-            kl = means["kl"][means["kl"]["press"] == press].set_index("example_id")["kl"]
-            both = pd.concat([kl, ref_kl], axis=1, join="inner").to_numpy()
-            r = stats.ratio_ci(both[:, 0], both[:, 1])
-            row |= {"kl_ratio": r["ratio"], "kl_ratio_lo": r["lo"], "kl_ratio_hi": r["hi"]}
-            rows.append(row)
+    for ratio, ref, at, press, g, means in press_groups(df, refs, VALUES):
+        row = {"compression_ratio": ratio, "press": press, "reference": ref, "windows": g["example_id"].nunique(),
+               "essays": g["task"].nunique(), "seeds": g["seed"].nunique(), "held": g["held"].mean(),
+               "realised_ratio": g["realised_ratio"].mean(), "seconds": g["seconds"].mean()}
+        for v in VALUES:
+            row |= mean_cells(means[v], v, press)
+            if press != ref:
+                d = stats.paired_table(at, v, "press", press, ref).iloc[0]
+                row |= {f"{v}_diff": d["mean"], f"{v}_diff_lo": d["lo"], f"{v}_diff_hi": d["hi"],
+                        f"{v}_lower": int(d["a_better"]), "pairs": int(d["n"])}
+        rows.append(row | kl_ratio_cells(means["kl"], press, ref))
     return pd.DataFrame(rows).sort_values(["compression_ratio", "kl", "press"], ignore_index=True)
+
+
+def press_groups(df: pd.DataFrame, refs: dict[float, str], values):
+    """The loop of a summary table (prose and recall alike): per compression ratio and press, the full
+    cache left out, (ratio, its reference press, the rows at the ratio, press, its rows, for each of
+    ``values`` the window means of every press at the ratio: ``stats.example_means``)."""
+    for ratio, at in df[df["press"] != REFERENCE].groupby("compression_ratio"):
+        means = {v: stats.example_means(at, v, ["press"]) for v in values}
+        for press, g in at.groupby("press"):
+            yield ratio, refs[ratio], at, press, g, means
+
+
+def mean_cells(means: pd.DataFrame, v: str, press: str) -> dict:
+    """{v, v_lo, v_hi}: the mean over windows of ``press``'s window means of ``v`` (``means``: the window
+    means of every press) with its t-interval."""
+    ci = stats.mean_ci(means[means["press"] == press][v])
+    return {v: ci["mean"], f"{v}_lo": ci["lo"], f"{v}_hi": ci["hi"]}
+
+
+def kl_ratio_cells(kl_means: pd.DataFrame, press: str, ref: str) -> dict:
+    """{kl_ratio, kl_ratio_lo, kl_ratio_hi}: ``press``'s mean KL over the reference's on the windows both
+    ran (ratio of means, paired bootstrap interval: ``stats.ratio_ci``), from the window means."""
+    kl, ref_kl = (kl_means[kl_means["press"] == p].set_index("example_id")["kl"] for p in (press, ref))
+    both = pd.concat([kl, ref_kl], axis=1, join="inner").to_numpy()
+    r = stats.ratio_ci(both[:, 0], both[:, 1])
+    return {"kl_ratio": r["ratio"], "kl_ratio_lo": r["lo"], "kl_ratio_hi": r["hi"]}
 
 
 def twins(df: pd.DataFrame) -> pd.DataFrame:
@@ -279,6 +295,13 @@ def markdown(df: pd.DataFrame, info: dict, reference: str | None = None) -> str:
 def write(paths, out: Path | None = None, reference: str | None = None) -> tuple[Path, str]:
     """Write ``report.md`` and ``summary.csv`` for the results ``paths`` (into ``out``; default the
     first folder). Returns (report path, its text)."""
+    return write_essay_tables(paths, out, reference, markdown, summary, references)
+
+
+def write_essay_tables(paths, out, reference, markdown, summary, references) -> tuple[Path, str]:
+    """Write ``report.md`` (``markdown(df, info, reference)``) and ``summary.csv`` (``summary`` of the
+    complete windows against ``references(df, reference)``) for the results ``paths`` into ``out``
+    (None: the first results folder); prose and recall alike. Returns (report path, its text)."""
     from evaluation.store import write_atomic
 
     df, info = load(paths)
@@ -290,4 +313,4 @@ def write(paths, out: Path | None = None, reference: str | None = None) -> tuple
     return write_atomic(out / "report.md", text), text
 
 
-__all__ = ["load", "complete_windows", "prepare", "references", "summary", "leaders", "overview", "twins", "wins", "markdown", "write"]
+__all__ = ["load", "complete_windows", "prepare", "references", "summary", "press_groups", "mean_cells", "kl_ratio_cells", "leaders", "overview", "twins", "wins", "markdown", "write", "write_essay_tables"]

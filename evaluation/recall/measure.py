@@ -15,13 +15,12 @@ import torch
 from tqdm.auto import tqdm
 
 from evaluation.continuation import kl_per_position, nll_per_position
-from evaluation.engine import Prefill, cache_summary, teacher_forced
-from evaluation.prose.measure import bias_bytes, masks_as_bias
+from evaluation.engine import Prefill, teacher_forced
+from evaluation.prose.measure import compressed, pending
 from evaluation.recall import DATASET
 from evaluation.recall.cues import RecallWindow
 from evaluation.runner import Config
-from evaluation.store import ResultStore, record_key
-from kvpress_prob import correction
+from evaluation.store import ResultStore
 
 logger = logging.getLogger("evaluation.recall")
 
@@ -66,15 +65,8 @@ def run(model, windows: list[RecallWindow], configs: list[Config], store: Result
     model, dataset, data_dir (the context length), split, task (essay), example_id (window), press,
     compression_ratio, seed, acc, acc_full, exact, nll_delta, kl, cue_acc, cues, cue_starts,
     realised_ratio, kv_bytes, bias_bytes, seconds, prefill_seconds, n_context."""
-    done = store.done_keys()
-    todo = []
-    for w in windows:
-        n = w.ids.shape[1]
-        base = dict(model=model_name, dataset=DATASET, data_dir=str(n), example_id=w.window_id)
-        cfgs = [c for c in configs if record_key(base | dict(press=c.label, compression_ratio=c.compression_ratio,
-                                                              seed=c.seed)) not in done]
-        if cfgs:
-            todo.append((w, n, base, cfgs))
+    todo = pending(windows, [w.ids.shape[1] for w in windows], configs, store, dataset=DATASET,
+                   model_name=model_name)
     bar = tqdm(total=sum(len(c) for *_, c in todo), desc=f"recall/{split}", disable=not progress)
     written = 0
     for w, n, base, cfgs in todo:
@@ -87,22 +79,14 @@ def run(model, windows: list[RecallWindow], configs: list[Config], store: Result
         prefill_seconds = time.perf_counter() - start
         for cfg in cfgs:
             start = time.perf_counter()
-            press = cfg.build()
-            cache = shared.compress(press)
-            realised, held = cache_summary(cache, press, n)
-            extra = bias_bytes(cache, shared.layers)
-            masked = masks_as_bias(cache, shared.layers)
-            per_cue = [cue_metrics(ref, cue_logits(model, cache, cue, n), cue.targets)
-                       for ref, cue in zip(references, w.cues)]
-            if masked:
-                for layer in shared.layers:
-                    correction.reset(layer.self_attn)
+            with compressed(shared, cfg, n) as (cache, memory):
+                per_cue = [cue_metrics(ref, cue_logits(model, cache, cue, n), cue.targets)
+                           for ref, cue in zip(references, w.cues)]
             del cache
             store.append([base | dict(
                 split=split, task=w.essay, press=cfg.label, compression_ratio=cfg.compression_ratio, seed=cfg.seed,
-                **window_metrics(per_cue), cues=len(w.cues), cue_starts=[c.start for c in w.cues],
-                realised_ratio=realised, kv_bytes=held, bias_bytes=extra, seconds=time.perf_counter() - start,
-                prefill_seconds=prefill_seconds, n_context=n)])
+                **window_metrics(per_cue), cues=len(w.cues), cue_starts=[c.start for c in w.cues], **memory,
+                seconds=time.perf_counter() - start, prefill_seconds=prefill_seconds, n_context=n)])
             written += 1
             bar.update(1)
         del shared

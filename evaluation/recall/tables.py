@@ -11,7 +11,9 @@ import pandas as pd
 
 from evaluation import stats
 from evaluation.aggregate import REFERENCE, win_scores
-from evaluation.prose.tables import _ci, _sampling, complete_windows, load, prepare
+from evaluation.prose.tables import (_ci, complete_windows, kl_ratio_cells, mean_cells, prepare, press_groups,
+                                     write_essay_tables)
+from evaluation.prose.tables import references as prose_references
 from evaluation.report import markdown_table
 
 VALUES = ("acc", "nll_delta", "kl")
@@ -19,18 +21,9 @@ VALUES = ("acc", "nll_delta", "kl")
 
 def references(df: pd.DataFrame, reference: str | None = None) -> dict[float, str]:
     """The reference at each ratio: ``reference`` if given, else the deterministic press with the
-    highest mean accuracy there (a maximum of noisy means on the same windows: it favours top-k)."""
-    ratios = sorted(df.loc[df["press"] != REFERENCE, "compression_ratio"].unique())
-    if reference is not None:
-        if reference not in set(df["press"]):
-            raise ValueError(f"reference must be a press of the results, got {reference!r}")
-        return {r: reference for r in ratios}
-    topk = df[(df["press"] != REFERENCE) & ~df["press"].map(_sampling)]
-    if topk.empty:
-        raise ValueError("no deterministic press in the results to compare with: pass reference=")
-    means = stats.mean_table(topk, "acc", by=["compression_ratio", "press"])
-    return {r: g.sort_values(["mean", "press"], ascending=[False, True]).iloc[0]["press"]
-            for r, g in means.groupby("compression_ratio")}
+    highest mean accuracy there (a maximum of noisy means on the same windows: it favours top-k): the
+    lowest mean of minus the accuracy (``evaluation.prose.tables.references``)."""
+    return prose_references(df.assign(neg_acc=-df["acc"]), reference, "neg_acc")
 
 
 def summary(df: pd.DataFrame, refs: dict[float, str]) -> pd.DataFrame:
@@ -38,29 +31,20 @@ def summary(df: pd.DataFrame, refs: dict[float, str]) -> pd.DataFrame:
     the reference's paired over windows (with the windows where the press is better), the KL ratio to
     the reference (paired bootstrap), bytes held, seconds per configuration."""
     rows = []
-    for ratio, at in df[df["press"] != REFERENCE].groupby("compression_ratio"):
-        ref = refs[ratio]
-        means = {v: stats.example_means(at, v, ["press"]) for v in VALUES}
-        ref_kl = means["kl"][means["kl"]["press"] == ref].set_index("example_id")["kl"]
-        for press, g in at.groupby("press"):
-            row = {"compression_ratio": ratio, "press": press, "reference": ref, "windows": g["example_id"].nunique(),
-                   "essays": g["task"].nunique(), "seeds": g["seed"].nunique(), "held": g["held"].mean(),
-                   "seconds": g["seconds"].mean()}
-            for v in VALUES:
-                ci = stats.mean_ci(means[v][means[v]["press"] == press][v])
-                row |= {v: ci["mean"], f"{v}_lo": ci["lo"], f"{v}_hi": ci["hi"]}
-                if press != ref:
-                    d = stats.paired_table(at, v, "press", press, ref).iloc[0]
-                    better = d["a_better"]  # windows where a < b (lower is better)
-                    if v == "acc":  # higher is better: the windows where -a < -b
-                        better = stats.paired_table(at.assign(neg=-at["acc"]), "neg", "press", press, ref).iloc[0]["a_better"]
-                    row |= {f"{v}_diff": d["mean"], f"{v}_diff_lo": d["lo"], f"{v}_diff_hi": d["hi"],
-                            f"{v}_better": int(better), "pairs": int(d["n"])}
-            kl = means["kl"][means["kl"]["press"] == press].set_index("example_id")["kl"]
-            both = pd.concat([kl, ref_kl], axis=1, join="inner").to_numpy()
-            r = stats.ratio_ci(both[:, 0], both[:, 1])
-            row |= {"kl_ratio": r["ratio"], "kl_ratio_lo": r["lo"], "kl_ratio_hi": r["hi"]}
-            rows.append(row)
+    for ratio, ref, at, press, g, means in press_groups(df, refs, VALUES):
+        row = {"compression_ratio": ratio, "press": press, "reference": ref, "windows": g["example_id"].nunique(),
+               "essays": g["task"].nunique(), "seeds": g["seed"].nunique(), "held": g["held"].mean(),
+               "seconds": g["seconds"].mean()}
+        for v in VALUES:
+            row |= mean_cells(means[v], v, press)
+            if press != ref:
+                d = stats.paired_table(at, v, "press", press, ref).iloc[0]
+                better = d["a_better"]  # windows where a < b (lower is better)
+                if v == "acc":  # higher is better: the windows where -a < -b
+                    better = stats.paired_table(at.assign(neg=-at["acc"]), "neg", "press", press, ref).iloc[0]["a_better"]
+                row |= {f"{v}_diff": d["mean"], f"{v}_diff_lo": d["lo"], f"{v}_diff_hi": d["hi"],
+                        f"{v}_better": int(better), "pairs": int(d["n"])}
+        rows.append(row | kl_ratio_cells(means["kl"], press, ref))
     return pd.DataFrame(rows).sort_values(["compression_ratio", "acc", "press"], ascending=[True, False, True],
                                           ignore_index=True)
 
@@ -118,15 +102,7 @@ def markdown(df: pd.DataFrame, info: dict, reference: str | None = None) -> str:
 
 def write(paths, out: Path | None = None, reference: str | None = None) -> tuple[Path, str]:
     """Write ``report.md`` and ``summary.csv`` for the results ``paths``. Returns (report path, text)."""
-    from evaluation.store import write_atomic
-
-    df, info = load(paths)
-    text = markdown(df, info, reference)
-    first = Path(paths[0])
-    out = Path(out) if out else (first if first.is_dir() else first.parent)
-    prepared, _ = complete_windows(prepare(df))
-    write_atomic(out / "summary.csv", summary(prepared, references(prepared, reference)).to_csv(index=False))
-    return write_atomic(out / "report.md", text), text
+    return write_essay_tables(paths, out, reference, markdown, summary, references)
 
 
 __all__ = ["references", "summary", "wins", "markdown", "write"]

@@ -2,6 +2,7 @@
 
     python results/rule/apply_maximin.py dev  --ruler D... --prose D... --recall D... [--ratios 0.5 0.75]
     python results/rule/apply_maximin.py test --ruler D... --prose D... --recall D... --ratios 0.25 0.5 0.75
+    (--drop P...: presses left out of the pool; --out FILE: another output file)
 
 writes results/rule/<split>-maximin.md (and .csv): every press run in all three regimes, its q per regime
 and ratio, worst, mean, bytes held over kvpress top-k's, and the picks.
@@ -31,11 +32,14 @@ def main():
         p.add_argument(f"--{regime}", nargs="+", required=True)
     p.add_argument("--ratios", nargs="+", type=float, default=[0.5, 0.75])
     p.add_argument("--only", nargs="+", default=None, help="restrict the pool to these presses")
-    p.add_argument("--suffix", default="", help="appended to the output's name (results/rule/<split>-maximin<suffix>.md)")
+    p.add_argument("--drop", nargs="+", default=None, help="leave these presses out of the pool (e.g. screened only)")
+    p.add_argument("--out", default=None, help="output file (default: results/rule/<split>-maximin.md)")
     args = p.parse_args()
     frames = {r: frame(getattr(args, r)) for r in ("ruler", "prose", "recall")}
     if args.only:
         frames = {r: f[f["press"].isin([*args.only, "full"])] for r, f in frames.items()}
+    if args.drop:
+        frames = {r: f[~f["press"].isin(args.drop)] for r, f in frames.items()}
     table = maximin(frames, tuple(args.ratios))
     chosen = picks(table)
     table["samples"] = [is_sampling(press) for press in table.index]
@@ -53,7 +57,7 @@ def main():
                for k, v in chosen.items()], "",
              f"First by worst among all candidates (any origin): `{table[table.candidate].index[0]}`.", "",
              markdown_table(shown, float_format="{:.3f}"), ""]
-    out = Path(__file__).with_name(f"{args.split}-maximin{args.suffix}.md")
+    out = Path(args.out) if args.out else Path(__file__).with_name(f"{args.split}-maximin.md")
     out.write_text("\n".join(lines))
     table.to_csv(out.with_suffix(".csv"))
     print("\n".join(lines[:14]))
