@@ -29,7 +29,7 @@ recall)
 ruler2048)  # full cache and the picks against the best top-k presses at 2048 tokens (compute: one example per task)
   $R2048 --presses topk_kvzip_layers $PICK2 kvzip topk_keydiff_block8 expected_attention h2o --out results/test/round2-ruler-2048 ;;
 cand1024) $R1024 --presses $CANDIDATES --out results/test/round2-ruler-1024-cand ;;
-cand-prose) $PROSE --ratios 0.25 0.5 0.75 --presses $CANDIDATES --out results/prose/test-1024-round2 ;;
-cand-recall) $RECALL --ratios 0.25 0.5 0.75 --presses $CANDIDATES --out results/recall/test-1024-round2 ;;
-cand2048) $R2048 --presses $CANDIDATES --out results/test/round2-ruler-2048 ;;
+cand-prose) $PROSE --ratios 0.25 0.5 0.75 --presses $CANDIDATES --out results/prose/test-1024-round2-cand ;;
+cand-recall) $RECALL --ratios 0.25 0.5 0.75 --presses $CANDIDATES --out results/recall/test-1024-round2-cand ;;
+cand2048) $R2048 --presses $CANDIDATES --out results/test/round2-ruler-2048-cand ;;
 esac
