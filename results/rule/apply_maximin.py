@@ -20,7 +20,9 @@ from kvpress_prob.registry import is_sampling
 
 
 def frame(dirs):
-    return pd.concat([pd.read_json(Path(d) / "results.jsonl", lines=True) for d in dirs], ignore_index=True)
+    """The records of ``dirs``; a (press, ratio, example, seed) run in more than one keeps its last directory's."""
+    df = pd.concat([pd.read_json(Path(d) / "results.jsonl", lines=True) for d in dirs], ignore_index=True)
+    return df.drop_duplicates(["press", "compression_ratio", "example_id", "seed"], keep="last")
 
 
 def main():
