@@ -17,7 +17,7 @@ from evaluation.maximin import complete  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = (ROOT / "results/rule/run-test-maximin-round2.sh").read_text()
-RATIOS = (0.25, 0.5, 0.75)
+RATIOS = (0.5, 0.75)
 
 
 def dirs(regime: str) -> list[str]:
