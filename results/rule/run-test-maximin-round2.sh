@@ -9,7 +9,8 @@ $PY results/rule/apply_maximin.py test --ratios 0.5 0.75 \
   --ruler results/test/ruler-1024 results/test/hybrid-1024 results/test/ruler-1024-two-regimes \
     results/test/round2-ruler-1024 results/test/round2-ruler-1024-cand \
   --prose results/prose/test-1024 results/prose/test-1024-round2-cand \
-  --recall results/recall/test-1024-round2 results/recall/test-1024-round2-cand \
+  --recall results/recall/test-1024 results/recall/test-1024-cand results/recall/test-1024-round2 \
+    results/recall/test-1024-round2-cand \
   --only topk_kvzip_widest topk_kvzip_ragged_fit topk_kvzip_layers kvzip topk_keydiff_block8 h2o snapkv tova keydiff \
     expected_attention hybrid_keydiff_block8_a90 prob_min_h_priority_head \
   --out results/rule/test-maximin-round2.md
