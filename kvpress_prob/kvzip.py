@@ -145,14 +145,19 @@ class KVzipSampledPress(KVzipPress):
         while len(_SCORES) > SCORE_CACHE:
             _SCORES.popitem(last=False)
 
+    def pinned_scores(self) -> torch.Tensor:
+        """KVzip's scores (L, b, H, n) in float32, the sinks above every other entry (never evicted)."""
+        scores = self.score_val.float().clone()
+        scores[..., : self.n_sink] = scores.amax() + 1.0
+        return scores
+
     @torch.no_grad()
     def compress_post(self, model):
         """Store the scores for later ratios and seeds, then evict through ``SamplingPress.evict``."""
         self.remember(model)
         if self.compression_ratio == 0:
             return
-        scores = self.score_val.float().clone()  # (L, b, H, n)
-        scores[..., : self.n_sink] = scores.amax() + 1.0  # KVzip's sinks are never evicted
+        scores = self.pinned_scores()  # (L, b, H, n)
         w = scores - scores.amin(dim=-1, keepdim=True)
         w = torch.where(w.sum(-1, keepdim=True) > 0, w, torch.ones_like(w))
         pi = (1 - self.floor) * w / w.sum(-1, keepdim=True) + self.floor / w.shape[-1]

@@ -140,9 +140,7 @@ class KVzipAllocatedPress(KVzipSampledPress):
         self.remember(model)
         if self.compression_ratio == 0:
             return
-        scores = self.score_val.float().clone()  # (L, b, H, n)
-        scores[..., : self.n_sink] = scores.amax() + 1.0  # KVzip's sinks are never evicted
-        keep = allocation_keep(scores, self.compression_ratio, self.allocation)
+        keep = allocation_keep(self.pinned_scores(), self.compression_ratio, self.allocation)  # scores (L, b, H, n)
         self.kept = evict_keep(self._cache, [layer.self_attn for layer in language_model(model).layers], keep)
 
 
