@@ -70,9 +70,6 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("ours", "entropy hybrids", "<prob|hybrid>_<proposal>[_block8]_ent_alpha[_nocorr]", "ours", "measured",
            "alpha_h from each head's proposal entropy: ties prob_min_h_priority on prose dev, far below the hybrids on "
            "RULER dev (-18.8 points at r = 0.5); no prefill entropy sees the question", "docs/entropy-hybrid.md"),
-    Family("ours", "kvzip allocations", "topk_kvzip_<ragged|widest|ragged_fit>", "KVzip (Kim et al. 2025)", "measured",
-           "KVzip's kept set across a layer's heads with real eviction: ragged (kvpress's own set, padded) is a "
-           "diagnostic holding more bytes; widest and ragged_fit fit the bytes", "docs/three-regimes.md"),
     Family("ours", "decoding", "<decode|prob_decode>_<proposal>_<design>[_nocorr]",
            "kvpress DecodingPress; VaSE (arXiv 2606.03928) for value protection", "measured",
            "compounded HT weights while decoding; long generation on 3 dev essays: 0.63x kvpress TOVA's NLL increase",
@@ -158,7 +155,7 @@ REGISTERED: list[Parts] = [
 NAMED: dict[str, tuple[Callable | None, str, str]] = {
     **{name: (make, "ours", "entropy hybrids") for name, make in ENTROPY_HYBRIDS.items()},
     **{name: (None, "ours", "decoding") for name in DECODING_NAMES},
-    **{name: (make, "ours", "kvzip allocations") for name, make in KVZIP_ALLOCATIONS.items()},
+    **{name: (make, "ours", "top-k twins") for name, make in KVZIP_ALLOCATIONS.items()},
 }
 
 _UNMEASURED = "registered, never decoded (its sweep was stopped for compute)"

@@ -315,17 +315,15 @@ class SamplingDecodingPress(DecodingPress):
         return mass.double()
 
 
-def _press(proposal: str, sampler: Sampler, base_press: ScorerPress | None = None, layers: bool = False, **fixed):
+def _press(proposal: str, sampler: Sampler, base_press: ScorerPress | None = None, cls=None, **fixed):
     def factory(target_size: int, compression_interval: int, **overrides) -> SamplingDecodingPress:
         kwargs = dict(proposal=proposal, sampler=sampler, base_press=base_press, **fixed)
         kwargs.update(overrides)
         kwargs.setdefault("hidden_states_buffer_size", compression_interval)
         kwargs["sampler"] = copy.deepcopy(kwargs["sampler"])  # every press its own instances
         kwargs["base_press"] = copy.deepcopy(kwargs["base_press"])
-        cls = SamplingDecodingPress
-        if layers:  # per-layer budgets at the same total
-            from kvpress_prob.layer_budgets import LayerBudgetDecodingPress as cls
-        return cls(target_size=target_size, compression_interval=compression_interval, **kwargs)
+        press = cls or SamplingDecodingPress  # a subclass (kvpress_prob.layer_budgets registers its own)
+        return press(target_size=target_size, compression_interval=compression_interval, **kwargs)
 
     return factory
 
@@ -364,8 +362,6 @@ DECODING_PRESSES = {
     "prob_decode_min_variance_priority_cap16": _press("min_variance", _PRIORITY, max_weight=16.0),
     "prob_decode_min_variance_priority_renorm": _press("min_variance", _PRIORITY, renormalise=True),
     "prob_decode_min_variance_priority_floor20": _press("min_variance", _PRIORITY, floor=0.2),
-    # issue 28: per-layer budgets at the same total (kvpress_prob.layer_budgets), behind the chosen design
-    "prob_decode_min_variance_priority_floor20_layers": _press("min_variance", _PRIORITY, layers=True, floor=0.2),
 }
 DECODING_PRESSES.update({f"{name}_nocorr": _nocorr(factory) for name, factory in list(DECODING_PRESSES.items())
                          if name.startswith("prob_decode_")})

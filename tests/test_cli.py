@@ -226,4 +226,4 @@ def test_demo_prose_runs_the_prose_preset_afresh_and_compares(monkeypatch, tmp_p
     assert seen["max_windows"] == PROSE_DEMO["max_windows"] and seen["max_per_essay"] == 1 and seen["no_report"]
     assert seen["scored_tokens"] == prose.SCORED_TOKENS
     printed = capsys.readouterr().out
-    assert "## Prose: this run" in printed and "| topk_kvzip_layers | 0.5 | 0.1000 | 0.1000 | 0.0000 |" in printed
+    assert "## Prose: this run" in printed and f"| {PROSE_DEMO['presses'][-1]} | 0.5 | 0.1000 | 0.1000 | 0.0000 |" in printed
