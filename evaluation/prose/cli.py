@@ -71,6 +71,9 @@ def sweep_arguments(r, ratio, positive_int) -> None:
                    help="the first windows of each essay only (unset: all)")
     r.add_argument("--max-windows", type=positive_int("--max-windows"), default=None,
                    help="at most this many windows: every essay's first, then every essay's second, ... (unset: all)")
+    r.add_argument("--skip-windows", type=nonnegative_int, default=0,
+                   help="leave out the first this many windows of that order (a run on the windows a smaller "
+                        "run did not reach)")
     r.add_argument("--out", required=True, help="results folder (one split and one setting per folder)")
     r.add_argument("--no-report", action="store_true", help="do not write the report at the end")
 
@@ -83,7 +86,17 @@ def sweep_options(args) -> list[str]:
     for option in ("max_per_essay", "max_windows"):
         if getattr(args, option) is not None:
             parts += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
+    if args.skip_windows:
+        parts += ["--skip-windows", str(args.skip_windows)]
     return parts + ["--out", str(args.out)]
+
+
+def nonnegative_int(text: str) -> int:
+    """``--skip-windows``'s type: an integer >= 0."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"--skip-windows must be >= 0, got {value}")
+    return value
 
 
 def check_presses(names) -> None:
@@ -107,7 +120,7 @@ def cmd_run(args, load, model_name) -> Path:
 
     def find(tokenizer):
         found = order(windows(tokenizer, args.context, args.scored_tokens, args.split, args.max_per_essay),
-                      args.max_windows)
+                      args.max_windows)[args.skip_windows:]
         short = skipped(tokenizer, args.context, args.scored_tokens, args.split)
         print(f"{args.split}: {len(found)} windows of {len({w.essay for w in found})} essays; {len(short)} essays "
               f"shorter than one window skipped ({', '.join(short)})", file=sys.stderr)

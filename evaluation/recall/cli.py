@@ -51,7 +51,7 @@ def cmd_run(args, load, model_name) -> Path:
 
     def find(tokenizer):
         found = order(windows(tokenizer, args.context, args.split, args.sentences, args.cue_tokens,
-                              args.scored_tokens, args.max_per_essay), args.max_windows)
+                              args.scored_tokens, args.max_per_essay), args.max_windows)[args.skip_windows:]
         print(f"{args.split}: {len(found)} windows of {len({w.essay for w in found})} essays, "
               f"{sum(len(w.cues) for w in found)} cues", file=sys.stderr)
         return found
