@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -65,7 +66,18 @@ def _convert_embedded(target: Path) -> None:
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    tmp.rename(target)  # atomic: a killed conversion never leaves a half-written copy behind
+    _publish(tmp, target)
+
+
+def _publish(tmp: Path, target: Path) -> None:
+    """Rename the finished copy ``tmp`` to ``target`` (atomic: a killed conversion never leaves a half-written
+    copy behind); when another process published ``target`` first, keep its copy and delete ``tmp``."""
+    try:
+        tmp.rename(target)
+    except OSError:
+        if not (target / "config.json").exists():
+            raise
+        shutil.rmtree(tmp)
 
 
 def embedded_model_path() -> Path:

@@ -57,3 +57,21 @@ def test_shared_prefill_equals_the_pipeline_on_the_embedded_model(pipe):
         items.append(Compressed.take(shared.compress(cfg.build()), shared.layers))
     # the runner's batched decoding of the same configurations on the real model
     assert generate_batch(pipe.model, pipe.tokenizer, inputs["questions_ids"][0], items, n, 10) == references
+
+
+def test_a_conversion_that_loses_the_race_keeps_the_winners_copy(tmp_path):
+    """Two processes converting the embedded model at once: the second's rename finds the folder made by the
+    first, keeps it and leaves no temporary copy behind; a failed rename with no finished copy still raises."""
+    from kvpress_prob.models import _publish
+
+    target, tmp = tmp_path / "model", tmp_path / "model.tmp1"
+    (target / "sub").mkdir(parents=True)  # a non-empty folder: rename onto it fails
+    (target / "config.json").write_text("winner")
+    tmp.mkdir()
+    (tmp / "config.json").write_text("loser")
+    _publish(tmp, target)
+    assert (target / "config.json").read_text() == "winner" and not tmp.exists()
+    (target / "config.json").unlink()
+    tmp.mkdir()
+    with pytest.raises(OSError):
+        _publish(tmp, target)

@@ -1,5 +1,6 @@
 """The maximin rule (evaluation/maximin.py) on hand-made records: q per regime, worst, the memory check."""
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -34,7 +35,7 @@ def test_worst_regime_decides_and_memory_is_checked():
     assert table.loc["robust", "q_recall"] == pytest.approx(0.01 / 0.035)
     assert table.loc["robust", "worst"] == pytest.approx(min(45 / 60, 0.005 / 0.015, 0.01 / 0.035))
     assert not table.loc["fat", "candidate"] and table.loc["robust", "candidate"]
-    p = picks(table)
+    p = picks(table, size=lambda press: 0)
     assert p["RECOMMENDED"] == "robust" and p["RECOMMENDED_RETRIEVAL"] == "retrieval"
     assert p["RECOMMENDED_PROSE"] == "prose"
 
@@ -46,3 +47,95 @@ def test_a_press_over_the_memory_tolerance_is_no_candidate():
                      "recall": _records(values, "kl")})
     assert table.loc["x", "held_vs_topk"] == pytest.approx(1.08) and not table.loc["x", "candidate"]
     assert table.loc["snapkv", "candidate"]
+
+
+def _table(rows: dict) -> pd.DataFrame:
+    """A maximin table by hand: press -> (worst, mean, held_vs_topk); q_ruler = q_prose = worst."""
+    t = pd.DataFrame({p: dict(worst=w, mean=m, held_vs_topk=h, q_ruler=w, q_prose=w, candidate=h <= 1.01)
+                      for p, (w, m, h) in rows.items()}).T
+    return t.astype({"worst": float, "mean": float, "held_vs_topk": float, "q_ruler": float, "q_prose": float,
+                     "candidate": bool})
+
+
+NO_SIZE = {}.get  # size() must not be consulted: the tie is broken earlier
+
+
+def test_worst_within_the_margin_goes_to_the_higher_mean():
+    t = _table({"a": (0.500, 0.60, 1.00), "b": (0.495, 0.70, 1.00), "c": (0.489, 0.90, 1.00)})
+    assert picks(t, size=lambda p: 0)["RECOMMENDED"] == "b"  # c is 0.011 below a's worst: no tie
+
+
+def test_mean_tie_goes_to_fewer_bytes_held():
+    t = _table({"a": (0.500, 0.600, 1.008), "b": (0.500, 0.595, 1.000), "c": (0.500, 0.600, 1.0005)})
+    # b and c hold within 0.001 of the fewest; the tie then goes to the smaller design
+    assert picks(t, size={"b": 2, "c": 1}.get)["RECOMMENDED"] == "c"
+    assert picks(t, size={"b": 1, "c": 2}.get)["RECOMMENDED"] == "b"
+
+
+def test_last_ties_go_to_the_simpler_design_then_the_name():
+    t = _table({"zeta": (0.5, 0.6, 1.0), "beta": (0.5, 0.6, 1.0), "alpha": (0.5, 0.6, 1.0)})
+    assert picks(t, size={"zeta": 1, "beta": 2, "alpha": 3}.get)["RECOMMENDED"] == "zeta"
+    assert picks(t, size=lambda p: 1)["RECOMMENDED"] == "alpha"
+
+
+def test_a_press_over_the_memory_tolerance_is_never_picked():
+    t = _table({"fat": (0.9, 0.9, 1.02), "thin": (0.1, 0.1, 1.0)})
+    assert set(picks(t, size=lambda p: 0).values()) == {"thin"}
+
+
+def test_fields_set_counts_fields_away_from_defaults_through_nested_dataclasses():
+    from dataclasses import dataclass, field
+
+    from evaluation.maximin import fields_set
+
+    @dataclass
+    class Inner:
+        a: int = 1
+        b: float = 0.5
+
+    @dataclass
+    class Press:
+        compression_ratio: float = 0.0
+        inner: Inner = field(default_factory=Inner)
+        c: str = "x"
+
+    assert fields_set(Press()) == 0
+    assert fields_set(Press(compression_ratio=0.7)) == 0  # the budget is no design choice
+    assert fields_set(Press(inner=Inner(a=2), c="y")) == 2
+    assert fields_set(Press(inner=Inner(a=2, b=0.1))) == 2
+
+
+def test_design_size_of_registered_presses():
+    from evaluation.maximin import design_size
+
+    assert design_size("snapkv") == 0
+    assert design_size("prob_min_h_priority_head") > design_size("prob_min_h_priority")
+
+
+def test_intervals_are_paired_q_against_each_regimes_best():
+    from evaluation.maximin import intervals
+
+    rng = np.random.default_rng(0)
+    base = rng.uniform(1, 2, size=6)
+    rows = []
+    for i, x in enumerate(base):
+        e = f"e{i}"
+        rows.append(dict(press="full", compression_ratio=0.0, seed=0, example_id=e, kv_bytes=1000, bias_bytes=0,
+                         score=100.0, kl=0.0))
+        for r in (0.5, 0.75):
+            for press, kl, score in (("best", x, 10 * x), ("snapkv", 2 * x, 5 * x),
+                                     ("noisy", x * rng.uniform(1, 3), 10 * x * rng.uniform(0.3, 1))):
+                rows.append(dict(press=press, compression_ratio=r, seed=0, example_id=e, kv_bytes=500,
+                                 bias_bytes=0, score=score, kl=kl))
+    df = pd.DataFrame(rows)
+    frames = {"ruler": df, "prose": df, "recall": df}
+    table = maximin(frames)
+    out = intervals(frames, table, presses=["best", "snapkv", "noisy"]).set_index(["press", "regime", "ratio"])
+    assert (out["best"] == "best").all() and (out["n"] == 6).all()
+    # exact multiples on every example: the bootstrap cannot move q (powers of two scale sums exactly)
+    for regime in ("ruler", "prose", "recall"):
+        assert out.loc[("best", regime, 0.5), ["q", "lo", "hi"]].tolist() == [1.0, 1.0, 1.0]
+        assert out.loc[("snapkv", regime, 0.5), ["q", "lo", "hi"]].tolist() == [0.5, 0.5, 0.5]
+        noisy = out.loc[("noisy", regime, 0.75)]
+        assert noisy["lo"] < noisy["q"] < noisy["hi"] and noisy["q"] < 1
+        assert noisy["q"] == pytest.approx(table.loc["noisy", f"q_{regime}_0.75"])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from evaluation.maximin import maximin, picks
+from evaluation.maximin import intervals, maximin, picks
 from evaluation.report import markdown_table
 from kvpress_prob.registry import is_sampling
 
@@ -23,6 +23,23 @@ def frame(dirs):
     """The records of ``dirs``; a (press, ratio, example, seed) run in more than one keeps its last directory's."""
     df = pd.concat([pd.read_json(Path(d) / "results.jsonl", lines=True) for d in dirs], ignore_index=True)
     return df.drop_duplicates(["press", "compression_ratio", "example_id", "seed"], keep="last")
+
+
+def interval_tables(frames, table, ratios) -> list[str]:
+    """Markdown lines: per regime, each candidate's q at each ratio against that regime's best press there,
+    with its paired 95 % bootstrap interval over the examples (``evaluation.maximin.intervals``)."""
+    found = intervals(frames, table, tuple(ratios))
+    lines = ["## Paired intervals per regime", "",
+             "q of each candidate against the regime's best press of the pool at that ratio (named in the header), "
+             "with its paired 95 % percentile-bootstrap interval over the examples every press of the regime ran "
+             "(seeds averaged within an example first); n examples.", ""]
+    for regime, rows in found.groupby("regime", sort=False):
+        header = {r: f"r = {r:g} (best: `{g['best'].iloc[0]}`, n = {g['n'].iloc[0]})" for r, g in rows.groupby("ratio")}
+        wide = rows.assign(cell=[f"{q:.3f} [{lo:.3f}, {hi:.3f}]" for q, lo, hi in zip(rows.q, rows.lo, rows.hi)])
+        wide = wide.pivot(index="press", columns="ratio", values="cell").reindex(rows["press"].unique())
+        wide.columns = [header[r] for r in wide.columns]
+        lines += [f"### {regime}", "", markdown_table(wide), ""]
+    return lines
 
 
 def main():
@@ -56,7 +73,7 @@ def main():
                f"{table.loc[v, 'q_ruler']:.3f}, prose {table.loc[v, 'q_prose']:.3f}, recall {table.loc[v, 'q_recall']:.3f}"
                for k, v in chosen.items()], "",
              f"First by worst among all candidates (any origin): `{table[table.candidate].index[0]}`.", "",
-             markdown_table(shown, float_format="{:.3f}"), ""]
+             markdown_table(shown, float_format="{:.3f}"), "", *interval_tables(frames, table, args.ratios)]
     out = Path(args.out) if args.out else Path(__file__).with_name(f"{args.split}-maximin.md")
     out.write_text("\n".join(lines))
     table.to_csv(out.with_suffix(".csv"))
