@@ -18,7 +18,7 @@ recall-added)       # the 16 windows no baseline had run on
 recall-prose-pick)  # RECOMMENDED_PROSE on all 24 windows
   $RECALL --max-windows 24 --presses $PICK2 --out results/recall/test-1024-prose-pick ;;
 prose-pool)         # kvzip, topk_kvzip_layers, topk_keydiff_block8 and RECOMMENDED_PROSE on prose's 23 test windows
-  $PROSE --presses kvzip topk_kvzip_layers topk_keydiff_block8 $PICK2 --out results/prose/test-1024-pool ;;
+  $PROSE --presses kvzip topk_kvzip_layers topk_keydiff_block8 $PICK2 --out results/prose/test-1024-round2 ;;  # resumes round 2's stopped run (4-5 windows)
 ruler-prose-pick)   # RECOMMENDED_PROSE on RULER's 32 test examples (8 were run in round 2; the store resumes)
   $PY -m evaluation run --context-length 1024 --data-seed 1 --n-examples 32 --tasks niah_single_1 niah_single_2 \
     niah_single_3 niah_multikey_2 niah_multikey_3 niah_multivalue niah_multiquery fwe --seeds 0 1 2 \
