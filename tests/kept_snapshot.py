@@ -99,7 +99,7 @@ def _value(text: str):
 
 def build(label: str, ratio: float):
     """``get_press`` of a label ``name`` or ``name[field=value,...]`` at ``ratio``."""
-    from kvpress_prob.registry import get_press
+    from kvpress_prob.names.registry import get_press
 
     name, _, rest = label.partition("[")
     overrides = dict(item.split("=", 1) for item in rest[:-1].split(",")) if rest else {}
@@ -107,8 +107,8 @@ def build(label: str, ratio: float):
 
 
 def names() -> list[str]:
-    from kvpress_prob.decoding import DECODING_PRESSES
-    from kvpress_prob.registry import CATALOGUE
+    from kvpress_prob.names.decoding import DECODING_PRESSES
+    from kvpress_prob.names.registry import CATALOGUE
 
     wanted = set(CATALOGUE) | record_names()
     return sorted(n for n in wanted if n != "full" and n.partition("[")[0] not in DECODING_PRESSES)
@@ -121,7 +121,7 @@ def _row_hash(x: torch.Tensor) -> list[list[bytes]]:
 @torch.no_grad()
 def kept(model, press, ids) -> tuple[torch.Tensor, list[int]]:
     """(L, H_kv, N) bool kept set of ``press`` on ``ids``, and per layer the count of held rows matching no key."""
-    from kvpress_prob import correction
+    from kvpress_prob.correction import bias as correction
 
     full, cache = DynamicCache(), DynamicCache()
     model.model(input_ids=ids, past_key_values=full)

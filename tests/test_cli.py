@@ -14,7 +14,7 @@ from evaluation.datasets import ruler
 from evaluation.presets import DEMO_PRESSES, PRESETS
 from evaluation.press_info import describe
 from kvpress_prob.models import embedded_model_path
-from kvpress_prob.registry import CATALOGUE, PRESSES
+from kvpress_prob.names.registry import CATALOGUE, PRESSES
 
 
 def subparsers() -> dict[str, argparse.ArgumentParser]:
@@ -23,7 +23,7 @@ def subparsers() -> dict[str, argparse.ArgumentParser]:
 
 
 def test_presses_fits_one_screen_grouped_by_origin_and_family(capsys):
-    from kvpress_prob.catalogue import FAMILIES
+    from kvpress_prob.names.catalogue import FAMILIES
 
     cli.main(["presses"])
     lines = capsys.readouterr().out.splitlines()

@@ -145,7 +145,8 @@ def test_fused_and_sdpa_routes_on_cuda_match_float64(dtype, bias_dtype, q_len):
     which CUDA's memory-efficient kernel requires: issue 25) against the float64 reference."""
     from test_fused import TOL, case, reference
 
-    from kvpress_prob import attention, fused
+    from kvpress_prob.correction import attention
+    from kvpress_prob.correction import flex as fused
 
     query, key, value, bias = (x.cuda() for x in case(dtype, bias_dtype, q_len))
     want = reference(query.cpu(), key.cpu(), value.cpu(), bias.cpu())
@@ -161,7 +162,8 @@ def test_a_float32_bias_decodes_in_bfloat16_on_cuda(mode):
     on either route (the SDPA route used to hand the memory-efficient kernel a float32 mask)."""
     from transformers import DynamicCache
 
-    from kvpress_prob import SamplingPress, fused
+    from kvpress_prob import SamplingPress
+    from kvpress_prob.correction import flex as fused
 
     model = tiny_model("llama", dtype=torch.bfloat16).to("cuda")
     ids = random_ids(40).cuda()

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from registry_snapshot import DATA, RATIOS, tree
 
-from kvpress_prob.catalogue import FAMILIES, STATUS
-from kvpress_prob.grid import Parts, build, parse_name, press_name
-from kvpress_prob.press import SamplingPress
-from kvpress_prob.registry import CATALOGUE, PRESSES, RECOMMENDED, get_press, is_sampling
+from kvpress_prob.names.catalogue import FAMILIES, STATUS
+from kvpress_prob.names.grid import Parts, build, parse_name, press_name
+from kvpress_prob.presses.sampling import SamplingPress
+from kvpress_prob.names.registry import CATALOGUE, PRESSES, RECOMMENDED, get_press, is_sampling
 from kvpress_prob.samplers.block import BlockSampler
 from kvpress_prob.samplers.priority import PrioritySampler
 
@@ -23,7 +23,7 @@ SNAPSHOT = json.loads((DATA / "registry-a1ed234.json").read_text())
 REMOVED: dict[str, str] = {name: "priority over widened spans: biased weights, removed (issue 19 item 1)"
                            for name in ("prob_tova_span8_priority", "prob_keydiff_span8_priority_ent")}
 #: Classes that moved module since the snapshot: old path -> new path.
-MOVED = {"kvpress_prob.registry.EagerObservedAttentionPress": "kvpress_prob.h2o.EagerObservedAttentionPress"}
+MOVED = {"kvpress_prob.names.registry.EagerObservedAttentionPress": "kvpress_prob.presses.h2o.EagerObservedAttentionPress"}
 #: Init fields added to a class since the snapshot: name -> why (a new field is ignored only if named here).
 NEW_FIELDS: dict[str, str] = {"prefill": "issue 21: the global-budget prefill mode (auto by default, issue 27); the draw and kept set of deferred"}
 
@@ -56,8 +56,8 @@ def test_every_snapshot_name_builds_an_equal_press():
 def test_parts_whose_name_reads_back_as_another_press_are_refused():
     """min_h with sharpness 256 is written prob_min_h_s256, the name of proposal min_h_s256 (sampled query
     rows): building those parts would give a press that its own name does not build (issue 25 item 5)."""
-    from kvpress_prob.grid import check
-    from kvpress_prob.proposals import MinVarianceProposal, SampledMinVarianceProposal
+    from kvpress_prob.names.grid import check
+    from kvpress_prob.proposals.attention import MinVarianceProposal, SampledMinVarianceProposal
 
     ambiguous = Parts("prob", "min_h", "token", "poisson", ("s256",))
     assert press_name(ambiguous) == "prob_min_h_s256"
@@ -163,7 +163,7 @@ def test_every_rejected_name_keeps_its_row_and_reason_in_the_docs():
 
 def test_a_decoding_press_name_points_to_get_decoding_press():
     """get_press is for ratios at prefill; a decoding press's name says where it is built (issue 25 item 5)."""
-    from kvpress_prob.decoding import DECODING_PRESSES
+    from kvpress_prob.names.decoding import DECODING_PRESSES
 
     for name in ("prob_decode_attn_priority", "decode_knorm_topk"):
         assert name in DECODING_PRESSES

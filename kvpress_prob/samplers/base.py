@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvpress_prob.budget import SCOPES
+from kvpress_prob.samplers.budget import SCOPES
 
 
 @dataclass

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvpress_prob.budget import solve_threshold
-from kvpress_prob.calibration import entropy
+from kvpress_prob.samplers.budget import solve_threshold
+from kvpress_prob.proposals.calibrated import entropy
 from kvpress_prob.samplers.base import renormalise
 from kvpress_prob.samplers.stratified import StratifiedSampler
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvpress_prob.budget import scope_target, solve_threshold, threshold_inclusion
+from kvpress_prob.samplers.budget import scope_target, solve_threshold, threshold_inclusion
 from kvpress_prob.samplers.base import Draw, Sampler, head_target, whole_counts
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvpress_prob.budget import expected_kept, scope_target, solve_draws
+from kvpress_prob.samplers.budget import expected_kept, scope_target, solve_draws
 from kvpress_prob.samplers.base import Draw, Sampler, head_target, top_by_rank, whole_counts
 
 

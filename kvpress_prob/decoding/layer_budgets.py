@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kvpress_prob.decoding import _PRIORITY, DECODING_PRESSES, SamplingDecodingPress, _nocorr, _press
-from kvpress_prob.press import language_model
+from kvpress_prob.decoding.press import SamplingDecodingPress
+from kvpress_prob.presses.sampling import language_model
 
 
 def spread(weights: torch.Tensor, candidates: torch.Tensor) -> float:
@@ -132,9 +132,3 @@ class LayerBudgetDecodingPress(SamplingDecodingPress):
 
     def observe(self, layer: int, weights: torch.Tensor, candidates: torch.Tensor) -> None:
         self._budgets.setdefault("spreads", {})[layer] = spread(weights, candidates)
-
-
-# issue 28: per-layer budgets at the same total, behind the chosen design (and its uncorrected twin)
-_LAYERS = "prob_decode_min_variance_priority_floor20_layers"
-DECODING_PRESSES[_LAYERS] = _press("min_variance", _PRIORITY, cls=LayerBudgetDecodingPress, floor=0.2)
-DECODING_PRESSES[f"{_LAYERS}_nocorr"] = _nocorr(DECODING_PRESSES[_LAYERS])

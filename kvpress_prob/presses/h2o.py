@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import torch
 from kvpress import ObservedAttentionPress
 
-from kvpress_prob.press import language_model
-from kvpress_prob.proposals import attention_mass, chunk_rows, rope_queries
+from kvpress_prob.presses.sampling import language_model
+from kvpress_prob.proposals.attention import attention_mass, chunk_rows, rope_queries
 
 
 @dataclass
@@ -37,7 +37,7 @@ class EagerObservedAttentionPress(ObservedAttentionPress):
         paper's 4096-token runs on eager attention (Qwen3-4B: 2 GiB, Llama-3.2-3B: 1.5 GiB).
     chunk_size : int, optional
         Query rows per chunk above that size (one (H_q, chunk_size, n) float32 buffer at a time); None:
-        as many as keep it within 1/32 of the model's K+V (``kvpress_prob.proposals.chunk_rows``).
+        as many as keep it within 1/32 of the model's K+V (``kvpress_prob.proposals.attention.chunk_rows``).
     """
 
     max_eager_bytes: int = 2**32

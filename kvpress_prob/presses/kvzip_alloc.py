@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kvpress_prob import correction
-from kvpress_prob.kvzip import KVzipSampledPress
-from kvpress_prob.press import language_model
+from kvpress_prob.correction import bias as correction
+from kvpress_prob.presses.kvzip import KVzipSampledPress
+from kvpress_prob.presses.sampling import language_model
 
 ALLOCATIONS = ("ragged", "widest", "ragged_fit")
 

@@ -12,7 +12,7 @@ changing kvpress's classes: the forward hooks registered on the attention module
 fields of those presses down to itself. It checks them
 
 - at the start of every prefill's attention (``check_hooks``, called by the attention functions
-  ``kvpress_prob.attention`` wraps, which entering a press installs): the presses hooked on that
+  ``kvpress_prob.correction.attention`` wraps, which entering a press installs): the presses hooked on that
   module are searched for a SamplingPress, so even a wrapper that never calls the press during the
   prefill (``DecodingPress``) is refused before the first layer's attention runs. Nothing is armed
   or registered for it: it reads only the hooks the wrapper itself registered, so nothing of ours
@@ -185,7 +185,7 @@ def _owners(module: nn.Module) -> list[BasePress]:
 
 def _sampling_presses(container, depth: int = 0) -> list:
     """The SamplingPresses ``container`` (a press, or a list / tuple / dict of them) is or holds: the
-    presses with its public compression API, ``propose`` and ``evict`` (``kvpress_prob.press``
+    presses with its public compression API, ``propose`` and ``evict`` (``kvpress_prob.presses.sampling``
     imports this module, so it is not imported here)."""
     if isinstance(container, BasePress) and all(callable(getattr(type(container), name, None))
                                                 for name in ("propose", "evict")):

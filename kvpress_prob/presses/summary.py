@@ -33,8 +33,8 @@ from kvpress.presses.base_press import BasePress
 from torch import nn
 from transformers import Cache, PreTrainedModel
 
-from kvpress_prob import correction
-from kvpress_prob.press import SamplingPress
+from kvpress_prob.correction import bias as correction
+from kvpress_prob.presses.sampling import SamplingPress
 
 GROUPINGS = ("kmeans", "segments")
 

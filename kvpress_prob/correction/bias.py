@@ -3,7 +3,7 @@
 After eviction each layer of the compressed cache carries a bias of shape (b, H_kv, S): the
 log-weight / T of each stored prefix entry (T the press's temperature) (S = the layer's largest kept count), and the dtype's
 most negative finite value on padding. Every later forward on that cache reads it through the wrapped
-attention functions (``kvpress_prob.attention.corrected_sdpa``: self-normalised importance sampling
+attention functions (``kvpress_prob.correction.attention.corrected_sdpa``: self-normalised importance sampling
 as an additive logit bias; docs/method.md, "Correction").
 
 Lifetime: the bias belongs to the one compressed cache, and lives on its layer objects (it is
@@ -22,7 +22,7 @@ without a cache): when the last such cache is freed (``weakref.finalize``) they 
 the module carries nothing of ours. The module's state (hook handles, the cache it last ran on) is
 kept here, in a dictionary weakly keyed by the module, never as attributes on the model.
 
-The attention functions themselves are wrapped by ``kvpress_prob.attention`` (on entry of a press,
+The attention functions themselves are wrapped by ``kvpress_prob.correction.attention`` (on entry of a press,
 whenever a bias is given and before a forward that reads one; never at import). The state is read
 and written only through ``set_bias``, ``bias_of`` and ``reset``.
 """
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from kvpress_prob import attention
+from kvpress_prob.correction import attention
 
 _BIAS = "_kvprob_bias"  # on a cache layer: its (b, H_kv, S) bias (the only attribute of ours, and not on the model)
 

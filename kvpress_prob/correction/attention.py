@@ -10,9 +10,9 @@ eviction, is corrected too.
 At a prefill, a wrapped function first checks the kvpress wrappers hooked on the module
 (``wrappers.check_hooks``: one holding a SamplingPress it cannot run is refused). It runs the
 original unchanged unless the module's current forward carries a bias
-(``activate``d by ``kvpress_prob.correction``'s pre-hook for a cache compressed by a SamplingPress)
+(``activate``d by ``kvpress_prob.correction.bias``'s pre-hook for a cache compressed by a SamplingPress)
 and is not a prefill; then it runs ``corrected`` (``corrected_sdpa`` on a CPU, FlexAttention on CUDA
-and under flash attention: ``kvpress_prob.fused``): softmax(q k / sqrt(d) + bias) over [stored
+and under flash attention: ``kvpress_prob.correction.flex``): softmax(q k / sqrt(d) + bias) over [stored
 prefix | new tokens], the bias 0 on new tokens, which is
 
   out = [sum_kept w_i e^{s_i} v_i + sum_new e^{s_j} v_j] / [sum_kept w_i e^{s_i} + sum_new e^{s_j}]
@@ -31,7 +31,8 @@ import torch
 import torch.nn.functional as F
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from kvpress_prob import fused, wrappers
+from kvpress_prob.correction import flex as fused
+from kvpress_prob.correction import wrappers
 
 _WRAPPED = "_kvprob_wrapped"  # on a wrapper function: marks it as ours
 _ACTIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # attention module -> bias of its running forward
@@ -75,7 +76,7 @@ def corrected_sdpa(
     # bfloat16 / float16) is not rounded to the query's dtype: q, k and v are upcast to the bias's
     # dtype and the output cast back, so the bias is added in float32 as bias_dtype="float32" promises
     # (tests/test_mask_dtype.py: against float64, where a bfloat16-rounded bias is measurably worse).
-    # On CUDA the fused route (``kvpress_prob.fused``) adds it in float32 without any upcast copy.
+    # On CUDA the fused route (``kvpress_prob.correction.flex``) adds it in float32 without any upcast copy.
     dtype = torch.promote_types(query.dtype, bias.dtype)
     if dtype != query.dtype:
         query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
@@ -106,7 +107,7 @@ def corrected_sdpa(
 
 
 def corrected(query, key, value, bias, scaling, implementation: str | None = None) -> torch.Tensor:
-    """The corrected attention on its route: fused (FlexAttention, ``kvpress_prob.fused``) on CUDA and
+    """The corrected attention on its route: fused (FlexAttention, ``kvpress_prob.correction.flex``) on CUDA and
     under a flash-attention implementation, else ``corrected_sdpa``."""
     if fused.use_fused(query, implementation):
         return fused.flex_corrected(query, key, value, bias, scaling)

@@ -1,7 +1,7 @@
 """One decoding-time compression round of one layer, on explicit tensors (``SamplingDecodingPress``).
 
 A layer's cache holds n entries per KV head: the S stored at the last compression (or by a prefill
-press), whose correction bias (b, H_kv, S) lives on the cache (``kvpress_prob.correction``), then
+press), whose correction bias (b, H_kv, S) lives on the cache (``kvpress_prob.correction.bias``), then
 the n - S entries appended while decoding, whose bias is 0. A round
 
 1. extends the bias to all n entries (``extended_bias``): padding left by a variable-count design
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from kvpress_prob import correction
+from kvpress_prob.correction import bias as correction
 from kvpress_prob.samplers import Sampler
 from kvpress_prob.samplers.priority import PrioritySampler, priority_draw
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kvpress_prob.proposals import ScoreProposal, attention_mass, rope_queries, row_weights
+from kvpress_prob.proposals.base import ScoreProposal
+from kvpress_prob.proposals.attention import attention_mass, rope_queries, row_weights
 
 CALIBRATIONS = ("rank", "entropy")
 

@@ -16,9 +16,11 @@ from kvpress.presses.base_press import is_prefilling
 from kvpress.presses.scorer_press import ScorerPress
 from torch import nn
 
-from kvpress_prob import attention, correction
-from kvpress_prob import decode_round as rounds
-from kvpress_prob.proposals import rope_queries, scores_to_weights
+from kvpress_prob.correction import attention
+from kvpress_prob.correction import bias as correction
+from kvpress_prob.decoding import rounds
+from kvpress_prob.proposals.attention import rope_queries
+from kvpress_prob.proposals.base import scores_to_weights
 from kvpress_prob.samplers import Sampler, TopKSampler
 from kvpress_prob.samplers.block import BlockSampler
 from kvpress_prob.samplers.priority import PrioritySampler
@@ -51,12 +53,12 @@ class SamplingDecodingPress(DecodingPress):
     sampling is that of VaSE, Chang et al. 2026, arXiv 2606.03928, plus the correction).
 
     Every ``compression_interval`` decoding steps each layer is cut back to ``target_size`` entries
-    per KV head (``kvpress_prob.decode_round``): the first ``n_sink`` and the last ``window`` are kept
+    per KV head (``kvpress_prob.decoding.rounds``): the first ``n_sink`` and the last ``window`` are kept
     exactly, the others are drawn from the proposal by ``sampler``, and the cache keeps its positional
     order. With ``correct=True`` a kept entry's log-weight log 1/q is added to the correction bias
     it already carries (a prefill ``SamplingPress``'s included) and the bias is gathered with its
     keys, so an entry that survived rounds with inclusion probabilities q1, q2, ... weighs
-    1/(q1 q2 ...) in the decode-time SNIS attention (``kvpress_prob.correction``; docs/decoding.md).
+    1/(q1 q2 ...) in the decode-time SNIS attention (``kvpress_prob.correction.bias``; docs/decoding.md).
     ``correct=False`` keeps the same entries and adds nothing (a bias already on the cache is still
     carried with its keys). A ``TopKSampler`` is kvpress's ``DecodingPress`` with positional order.
 
@@ -117,7 +119,7 @@ class SamplingDecodingPress(DecodingPress):
     seed : int, default 0
         Round r of layer l draws from a generator seeded with (seed, l, r): same seed, same kept sets.
     """
-    #: read by ``kvpress_prob.wrappers``: this decoding press keeps the correction bias with its keys
+    #: read by ``kvpress_prob.correction.wrappers``: this decoding press keeps the correction bias with its keys
     keeps_correction: ClassVar[bool] = True
 
     base_press: ScorerPress | None = None
@@ -270,7 +272,7 @@ class SamplingDecodingPress(DecodingPress):
 
     def layer_target(self, layer: int, held: int) -> int:
         """Entries per KV head the round of ``layer`` keeps, its heads holding at most ``held`` real entries:
-        ``target_size`` (``kvpress_prob.layer_budgets.LayerBudgetDecodingPress`` moves entries between layers)."""
+        ``target_size`` (``kvpress_prob.decoding.layer_budgets.LayerBudgetDecodingPress`` moves entries between layers)."""
         return self.target_size
 
     def observe(self, layer: int, weights: torch.Tensor, candidates: torch.Tensor) -> None:
@@ -313,62 +315,3 @@ class SamplingDecodingPress(DecodingPress):
                 mass[..., : previous.shape[-1]] += previous.to(mass.device)
             self._accumulated[module.layer_idx] = mass  # gathered with the kept entries by ``compress``
         return mass.double()
-
-
-def _press(proposal: str, sampler: Sampler, base_press: ScorerPress | None = None, cls=None, **fixed):
-    def factory(target_size: int, compression_interval: int, **overrides) -> SamplingDecodingPress:
-        kwargs = dict(proposal=proposal, sampler=sampler, base_press=base_press, **fixed)
-        kwargs.update(overrides)
-        kwargs.setdefault("hidden_states_buffer_size", compression_interval)
-        kwargs["sampler"] = copy.deepcopy(kwargs["sampler"])  # every press its own instances
-        kwargs["base_press"] = copy.deepcopy(kwargs["base_press"])
-        press = cls or SamplingDecodingPress  # a subclass (kvpress_prob.layer_budgets registers its own)
-        return press(target_size=target_size, compression_interval=compression_interval, **kwargs)
-
-    return factory
-
-
-def _nocorr(factory):
-    def uncorrected(target_size: int, compression_interval: int, **overrides) -> SamplingDecodingPress:
-        return factory(target_size, compression_interval, correct=False, **overrides)
-
-    return uncorrected
-
-
-_TOPK = TopKSampler()
-_PRIORITY = PrioritySampler()
-
-#: name -> factory(target_size, compression_interval, **overrides): the decoding presses.
-#: decode_*: top-k designs (deterministic, no weights); prob_decode_*: sampled, corrected; *_nocorr: same draws uncorrected.
-DECODING_PRESSES = {
-    "decode_streaming_llm": _press("scorer", _TOPK, StreamingLLMPress(n_sink=4)),
-    "decode_knorm_topk": _press("scorer", _TOPK, KnormPress()),
-    "decode_tova_topk": _press("scorer", _TOPK, TOVAPress()),
-    "decode_keydiff_topk": _press("scorer", _TOPK, KeyDiffPress()),
-    "decode_attn_topk": _press("attention", _TOPK),
-    "decode_h2o_topk": _press("h2o", _TOPK),
-    "decode_min_variance_topk": _press("min_variance", _TOPK),
-    "prob_decode_attn_priority": _press("attention", _PRIORITY),
-    "prob_decode_h2o_priority": _press("h2o", _PRIORITY),
-    "prob_decode_min_variance_priority": _press("min_variance", _PRIORITY),
-    "prob_decode_tova_priority": _press("scorer", _PRIORITY, TOVAPress()),
-    "prob_decode_attn_threshold": _press("attention", ThresholdSampler()),
-    "prob_decode_attn_stratified": _press("attention", StratifiedSampler(alpha=0.5)),
-    "prob_decode_attn_block4": _press("attention", BlockSampler(size=4, inner=PrioritySampler())),
-    "prob_decode_attn_vase": _press("attention", _PRIORITY, protect_values=8),
-    # issue 28: the harmonic prior over the buffered queries, and variance control of the compounded weights
-    "prob_decode_min_variance_h_priority": _press("min_variance", _PRIORITY, harmonic=True),
-    "prob_decode_min_variance_priority_t2": _press("min_variance", _PRIORITY, temperature=2.0),
-    "prob_decode_min_variance_priority_cap16": _press("min_variance", _PRIORITY, max_weight=16.0),
-    "prob_decode_min_variance_priority_renorm": _press("min_variance", _PRIORITY, renormalise=True),
-    "prob_decode_min_variance_priority_floor20": _press("min_variance", _PRIORITY, floor=0.2),
-}
-DECODING_PRESSES.update({f"{name}_nocorr": _nocorr(factory) for name, factory in list(DECODING_PRESSES.items())
-                         if name.startswith("prob_decode_")})
-
-
-def get_decoding_press(name: str, target_size: int, compression_interval: int, **overrides) -> SamplingDecodingPress:
-    """The decoding press ``name`` of ``DECODING_PRESSES`` at this budget and interval."""
-    if name not in DECODING_PRESSES:
-        raise KeyError(f"unknown decoding press {name!r}; known: {sorted(DECODING_PRESSES)}")
-    return DECODING_PRESSES[name](target_size, compression_interval, **overrides)

@@ -10,9 +10,13 @@ from kvpress.presses.base_press import BasePress, is_prefilling
 from torch import nn
 from transformers import Cache, Gemma3ForConditionalGeneration, PreTrainedModel, QuantizedCache
 
-from kvpress_prob import attention, correction, prefill_modes, wrappers
-from kvpress_prob.budget import SCOPES
-from kvpress_prob.proposals import AttentionProposal, MinVarianceProposal, Proposal, ScoreProposal
+from kvpress_prob.correction import attention
+from kvpress_prob.correction import bias as correction
+from kvpress_prob.presses import prefill_modes
+from kvpress_prob.correction import wrappers
+from kvpress_prob.samplers.budget import SCOPES
+from kvpress_prob.proposals.attention import AttentionProposal, MinVarianceProposal
+from kvpress_prob.proposals.base import Proposal, ScoreProposal
 from kvpress_prob.samplers import Draw, PoissonSampler, Sampler
 from kvpress_prob.samplers.base import check_ratio
 
@@ -33,17 +37,17 @@ class SamplingPress(BasePress):
     is cut to its kept entries, padded only to that layer's largest head. A per-layer or per-head
     budget cuts each layer at its own hook, as kvpress's presses do; a global budget needs every
     layer's proposal, and ``prefill`` says how the prefill gets them without holding the full cache
-    (``kvpress_prob.prefill_modes``; docs/prefill-memory.md).
+    (``kvpress_prob.presses.prefill_modes``; docs/prefill-memory.md).
     Each layer of that cache carries the log-weights / temperature, read at decode time by
-    ``kvpress_prob.correction`` (self-normalised importance sampling, docs/method.md): the
+    ``kvpress_prob.correction.bias`` (self-normalised importance sampling, docs/method.md): the
     correction belongs to that one cache, so nothing outlives it on the model. A prefill that skips
     a hooked layer, repeats one or stops before the last raises instead of evicting nothing.
 
     Inside kvpress's wrappers: last in a ``ComposedPress`` and as a ``PrefillDecodingPress``'s
     ``prefilling_press`` it runs as alone; every other wrapper (``wrappers.REFUSED`` and any unknown
     one) is refused with the alternative to use, before its first prefill evicts or skips anything
-    (``kvpress_prob.wrappers``; README table). Importing this package changes no kvpress class and no
-    attention function: entering the press wraps the attention functions (``kvpress_prob.attention``).
+    (``kvpress_prob.correction.wrappers``; README table). Importing this package changes no kvpress class and no
+    attention function: entering the press wraps the attention functions (``kvpress_prob.correction.attention``).
 
     The kept count is random for a random design ("soft" budget): its expectation is
     (1 - compression_ratio) * n per head on average over the budget's scope, its realisation is in
@@ -57,7 +61,7 @@ class SamplingPress(BasePress):
     Parameters
     ----------
     proposal : Proposal, default MinVarianceProposal(harmonic=True)
-        Maps a layer's prefill to pi (see ``kvpress_prob.proposals``).
+        Maps a layer's prefill to pi (see ``kvpress_prob.proposals.attention``).
     sampler : Sampler, default PoissonSampler()
         The sampling design: maps the proposals and the budget to kept masks and log-weights (see
         ``kvpress_prob.samplers``).

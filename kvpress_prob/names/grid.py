@@ -12,16 +12,16 @@ back by ``parse_name`` and built by ``build``. The kinds of name and their prefi
 - ``adaptive``: head-adaptive top-k that frees memory, one budget per layer (``snapkv_adaptive``).
 - ``hybrid``: blocks, each head's top ``a<percent>`` of its allocation kept exactly, the rest sampled
   (``hybrid_keydiff_block8_a90``).
-- ``cross``: cross-proposal hybrids (``kvpress_prob.cross``): the ``a<percent>`` share of each head's
+- ``cross``: cross-proposal hybrids (``kvpress_prob.samplers.cross``): the ``a<percent>`` share of each head's
   budget kept exactly as the blocks with the largest scores of a kvpress scorer, the rest priority-sampled
   from pi_min-h with the correction (``cross_keydiff_block8_a50``); always a per-head budget. With
   ``mix<k>`` the rest is sampled from the defensive mixture (1 - k/100) pi_min-h + k/100 * the scorer's
-  rank-calibrated scores (``kvpress_prob.mixture``; ``a0`` is a pure mixture, ``tblock`` samples it in
+  rank-calibrated scores (``kvpress_prob.samplers.mixture``; ``a0`` is a pure mixture, ``tblock`` samples it in
   blocks, ``peak<k>`` keeps top-k in heads whose scores are peaked): ``cross_kvzip_block8_a50_mix50_layers``.
 
 kvpress's ``KVzipPress`` is the kvpress-kind name ``kvzip`` (it masks, as AdaKV does, and frees nothing);
 the proposal ``kvzip`` is its reconstruction scores kept by our designs with real eviction
-(``kvpress_prob.kvzip``: ``topk_kvzip_head`` is its equal-memory twin).
+(``kvpress_prob.presses.kvzip``: ``topk_kvzip_head`` is its equal-memory twin).
 The proposal ``uniform`` is random eviction's: ``prob_uniform_priority_head`` is uniform random
 per-head eviction at kvpress's per-head count.
 
@@ -43,21 +43,23 @@ from typing import Callable
 from kvpress import (AdaKVPress, BasePress, ExpectedAttentionPress, KeyDiffPress, KnormPress, KVzipPress,
                      LagKVPress, SnapKVPress, StreamingLLMPress, TOVAPress)
 
-from kvpress_prob.calibration import CalibratedProposal
-from kvpress_prob.cross import CrossStratifiedSampler, PairProposal, UniformProposal
-from kvpress_prob.h2o import EagerObservedAttentionPress
-from kvpress_prob.kvzip import KVzipSampledPress
-from kvpress_prob.mixture import MixtureSampler
-from kvpress_prob.press import SamplingPress
-from kvpress_prob.proposals import (H2OProposal, MinVarianceProposal, Proposal, SampledMinVarianceProposal,
-                                   ScoreProposal)
+from kvpress_prob.proposals.calibrated import CalibratedProposal
+from kvpress_prob.samplers.cross import CrossStratifiedSampler
+from kvpress_prob.proposals.pairs import PairProposal, UniformProposal
+from kvpress_prob.presses.h2o import EagerObservedAttentionPress
+from kvpress_prob.presses.kvzip import KVzipSampledPress
+from kvpress_prob.samplers.mixture import MixtureSampler
+from kvpress_prob.presses.sampling import SamplingPress
+from kvpress_prob.proposals.attention import H2OProposal, MinVarianceProposal, SampledMinVarianceProposal
+from kvpress_prob.proposals.base import Proposal, ScoreProposal
 from kvpress_prob.samplers import PoissonSampler, Sampler, TopKSampler
 from kvpress_prob.samplers.block import BlockSampler
 from kvpress_prob.samplers.priority import PrioritySampler
 from kvpress_prob.samplers.stratified import StratifiedSampler
 from kvpress_prob.samplers.threshold import ThresholdSampler
-from kvpress_prob.spans import SpanPress, SpanSampler
-from kvpress_prob.summary import Summary, summarised
+from kvpress_prob.presses.spans import SpanPress
+from kvpress_prob.samplers.spans import SpanSampler
+from kvpress_prob.presses.summary import Summary, summarised
 
 #: kvpress scorers by name: the class with our settings (``compression_ratio`` is given when built).
 SCORERS: dict[str, Callable[..., BasePress]] = {
@@ -78,8 +80,8 @@ PROPOSALS: dict[str, Callable[[], Proposal]] = {
     "min": lambda: MinVarianceProposal(harmonic=False),
     "min_h": lambda: MinVarianceProposal(harmonic=True),
     "min_h_s256": lambda: SampledMinVarianceProposal(query_rows=256),  # 256 sampled query rows, O(s n)
-    "uniform": UniformProposal,  # random eviction's (kvpress_prob.cross)
-    "kvzip": UniformProposal,  # placeholder: KVzip's scores come from its reconstruction pass (kvpress_prob.kvzip)
+    "uniform": UniformProposal,  # random eviction's (kvpress_prob.samplers.cross)
+    "kvzip": UniformProposal,  # placeholder: KVzip's scores come from its reconstruction pass (kvpress_prob.presses.kvzip)
 }
 
 #: kvpress presses named by kind ``kvpress`` that are not scorers (no proposal of that name).
@@ -105,7 +107,7 @@ OPTIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "ent": (r"ent", "CalibratedProposal(calibration='entropy'): entropy-matched softmax", ("prob",)),
     "a": (r"a(\d+)", "StratifiedSampler alpha=<k>/100: the top share of each head kept exactly", ("hybrid", "cross")),
     "mix": (r"mix(\d+)", "MixtureSampler lam=<k>/100: the tail priority-sampled from the defensive mixture "
-            "(1 - lam) pi_min-h + lam * the scorer's rank-calibrated scores (kvpress_prob.mixture)", ("cross",)),
+            "(1 - lam) pi_min-h + lam * the scorer's rank-calibrated scores (kvpress_prob.samplers.mixture)", ("cross",)),
     "tblock": (r"tblock", "MixtureSampler unit=<block size>: the mixture's tail sampled in blocks", ("cross",)),
     "peak": (r"peak(\d+)", "MixtureSampler peaked=<k>/100: a head whose scorer mass in its top k is >= k/100 keeps "
              "top-k blocks", ("cross",)),

@@ -1,6 +1,6 @@
 """Matmul precision of the O(n^2) proposals (issue 27 item 4).
 
-``attention_mass`` (``kvpress_prob.proposals``) runs its q k^T and its weighted sums in float32. On
+``attention_mass`` (``kvpress_prob.proposals.attention``) runs its q k^T and its weighted sums in float32. On
 CUDA, ``fast_matmul`` lets those float32 matmuls run on TF32 tensor cores (inputs rounded to 10
 mantissa bits, float32 accumulation); elsewhere it changes nothing (a CPU's "high" precision may use
 bfloat16 through oneDNN on some processors, which would make results machine-dependent).

@@ -4,7 +4,7 @@ kvpress's harness names presses through ``PRESS_REGISTRY`` in ``evaluation/evalu
 a dict from a name to a press *instance* (or None for "no_press"). ``evaluate.py`` looks the name
 up, sets ``press.compression_ratio`` on that instance (for presses outside its special cases:
 DuoAttention, DMS, Composed, ThinK, Decoding) and runs its pipeline with it. ``register`` adds our
-presses to such a dict, built by ``kvpress_prob.registry.get_press`` at ratio 0 (evaluate.py sets
+presses to such a dict, built by ``kvpress_prob.names.registry.get_press`` at ratio 0 (evaluate.py sets
 the ratio it is asked for).
 
 Two ways to use it, from kvpress's ``evaluation/`` folder (that folder is not in the kvpress wheel:
@@ -12,13 +12,13 @@ clone https://github.com/NVIDIA/kvpress):
 
 1. add two lines at the end of ``evaluate_registry.py``::
 
-       from kvpress_prob.kvpress_eval import register
+       from kvpress_prob.integrations.kvpress_eval import register
        register(PRESS_REGISTRY)
 
 2. or leave it untouched and launch evaluate.py through this module, which registers first::
 
        cd kvpress/evaluation
-       python -m kvpress_prob.kvpress_eval --dataset ruler --data_dir 4096 \\
+       python -m kvpress_prob.integrations.kvpress_eval --dataset ruler --data_dir 4096 \\
            --model Qwen/Qwen3-4B --press_name prob_min_h --compression_ratio 0.5
 """
 
@@ -30,7 +30,7 @@ from typing import Iterable, MutableMapping
 
 from kvpress import BasePress
 
-from kvpress_prob.registry import PRESSES, get_press
+from kvpress_prob.names.registry import PRESSES, get_press
 
 
 def _settable_fields(press: BasePress) -> set[str]:
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         import evaluate_registry
     except ImportError as error:
-        sys.exit(f"kvpress_prob.kvpress_eval: run this from kvpress's evaluation/ folder "
+        sys.exit(f"kvpress_prob.integrations.kvpress_eval: run this from kvpress's evaluation/ folder "
                  f"(git clone https://github.com/NVIDIA/kvpress; cd kvpress/evaluation): {error}")
     register(evaluate_registry.PRESS_REGISTRY)
     import evaluate

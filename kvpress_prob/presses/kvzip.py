@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 import torch
 from kvpress import KVzipPress
 
-from kvpress_prob.cross import CrossStratifiedSampler, UniformProposal
-from kvpress_prob.proposals import Proposal
-from kvpress_prob.press import SamplingPress, language_model
+from kvpress_prob.samplers.cross import CrossStratifiedSampler
+from kvpress_prob.proposals.pairs import UniformProposal
+from kvpress_prob.proposals.base import Proposal
+from kvpress_prob.presses.sampling import SamplingPress, language_model
 from kvpress_prob.samplers import Sampler, TopKSampler
 
 SCORE_CACHE = 4

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from kvpress_prob import correction
+from kvpress_prob.correction import bias as correction
 from kvpress_prob.samplers import Draw, Sampler
 
 PREFILL_MODES = ("recompute", "deferred", "offload", "auto")

@@ -1,11 +1,11 @@
-"""Presses outside the registry's name grammar (``kvpress_prob.grid``), listed by ``catalogue.NAMED``.
+"""Presses outside the registry's name grammar (``kvpress_prob.names.grid``), listed by ``catalogue.NAMED``.
 
 - The entropy-set hybrids (docs/entropy-hybrid.md): each head's exact fraction alpha_h follows the entropy of its
   own proposal (``samplers.entropy_stratified``); the rest is priority-sampled with correction. pi_min-h under the
   global budget of prob_min_h (positions, or blocks of 8); KeyDiff softmax-calibrated to the window attention's
   entropy (the proposal of ``prob_keydiff_block8_priority_ent``, not the grid's plain ``keydiff``) and TOVA over
   blocks of 8 with a per-head budget. Each has a ``_nocorr`` twin. Built here: name -> factory of the ratio.
-- The decoding-time presses (``kvpress_prob.decoding.DECODING_PRESSES``): listed only, built by
+- The decoding-time presses (``kvpress_prob.names.decoding.DECODING_PRESSES``): listed only, built by
   ``get_decoding_press(name, target_size, compression_interval)``, since their budget is a size, not a ratio.
 """
 
@@ -16,10 +16,11 @@ from typing import Callable
 
 from kvpress import KeyDiffPress, TOVAPress
 
-from kvpress_prob.calibration import CalibratedProposal
-from kvpress_prob.decoding import DECODING_PRESSES
-from kvpress_prob.press import SamplingPress
-from kvpress_prob.proposals import MinVarianceProposal, ScoreProposal
+from kvpress_prob.proposals.calibrated import CalibratedProposal
+from kvpress_prob.names.decoding import DECODING_PRESSES
+from kvpress_prob.presses.sampling import SamplingPress
+from kvpress_prob.proposals.attention import MinVarianceProposal
+from kvpress_prob.proposals.base import ScoreProposal
 from kvpress_prob.samplers.block import BlockSampler
 from kvpress_prob.samplers.entropy_stratified import EntropyStratifiedSampler
 
@@ -50,5 +51,5 @@ ENTROPY_HYBRIDS: dict[str, Callable[[float], SamplingPress]] = {
     **{f"{name}_nocorr": (lambda ratio, make=make: replace(make(ratio), correct=False)) for name, make in _ENTROPY.items()},
 }
 
-#: The decoding-time presses' names (built by ``kvpress_prob.decoding.get_decoding_press``).
+#: The decoding-time presses' names (built by ``kvpress_prob.names.decoding.get_decoding_press``).
 DECODING_NAMES: tuple[str, ...] = tuple(DECODING_PRESSES)

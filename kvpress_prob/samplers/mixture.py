@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kvpress_prob.cross import CrossStratifiedSampler
+from kvpress_prob.samplers.cross import CrossStratifiedSampler
 from kvpress_prob.samplers.base import Draw, check_ratio, top_by_rank
 from kvpress_prob.samplers.priority import priority_draw
 

@@ -1,4 +1,4 @@
-"""The registered presses: which points of the grid (``kvpress_prob.grid``) we register, and for each
+"""The registered presses: which points of the grid (``kvpress_prob.names.grid``) we register, and for each
 its origin (``kvpress``, ``paper``, ``ours``), its family, and its status with the finding behind it.
 
 Statuses: ``recommended``; ``measured`` (decoded on a split, kept as a row); ``rejected`` (lost, with
@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from kvpress_prob.grid import Parts, grid, press_name
-from kvpress_prob.kvzip_alloc import KVZIP_ALLOCATIONS
-from kvpress_prob.named import DECODING_NAMES, ENTROPY_HYBRIDS
+from kvpress_prob.names.grid import Parts, grid, press_name
+from kvpress_prob.presses.kvzip_alloc import KVZIP_ALLOCATIONS
+from kvpress_prob.names.named import DECODING_NAMES, ENTROPY_HYBRIDS
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,7 @@ STATUS: dict[str, tuple[str, str]] = {
     "snapkv": ("measured", "near 0 on this model (6.7 at r = 0.5, 66 examples)"),
     "kvzip": ("measured", "kvpress's KVzipPress: query-agnostic context reconstruction; masks, holds the full cache"),
     "topk_kvzip_head": ("measured", "KVzip's scores, kvpress's per-head count, real eviction: kvzip at equal memory "
-                        "(kvpress_prob/kvzip.py, docs/three-regimes.md)"),
+                        "(kvpress_prob/presses/kvzip.py, docs/three-regimes.md)"),
     "prob_kvzip_priority_head": ("measured", "KVzip's scores as the proposal, priority-sampled, corrected "
                                  "(docs/three-regimes.md)"),
     "hybrid_kvzip_block8_a50": ("measured", "KVzip's top blocks for half the budget, the rest sampled from its scores "

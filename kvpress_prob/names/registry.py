@@ -1,7 +1,7 @@
 """Named presses: ``get_press(name, compression_ratio, **overrides)``.
 
 Names are points of a grid, (kind × proposal × unit × design × options), written, read back and
-built by ``kvpress_prob.grid``; ``kvpress_prob.catalogue`` says which points are registered, with
+built by ``kvpress_prob.names.grid``; ``kvpress_prob.names.catalogue`` says which points are registered, with
 their origin (kvpress / paper / ours) and status (recommended / measured / rejected / unmeasured) and
 the finding behind it. ``kvprob presses`` prints them. ``PRESSES`` maps every registered name to
 its factory of the compression ratio; ``get_press`` also builds any valid grid name that is not
@@ -24,11 +24,11 @@ from typing import Callable
 
 from kvpress import BasePress
 
-from kvpress_prob.catalogue import NAMED, Entry, entries
-from kvpress_prob.decoding import DECODING_PRESSES
-from kvpress_prob.grid import build, parse_name
-from kvpress_prob.kvzip import KVzipSampledPress
-from kvpress_prob.press import SamplingPress
+from kvpress_prob.names.catalogue import NAMED, Entry, entries
+from kvpress_prob.names.decoding import DECODING_PRESSES
+from kvpress_prob.names.grid import build, parse_name
+from kvpress_prob.presses.kvzip import KVzipSampledPress
+from kvpress_prob.presses.sampling import SamplingPress
 from kvpress_prob.samplers import PoissonSampler, Sampler, TopKSampler
 from kvpress_prob.samplers.block import BlockSampler
 from kvpress_prob.samplers.priority import PrioritySampler
