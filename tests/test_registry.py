@@ -22,8 +22,21 @@ SNAPSHOT = json.loads((DATA / "registry-a1ed234.json").read_text())
 #: Names of the snapshot no longer registered, each with its reason.
 REMOVED: dict[str, str] = {name: "priority over widened spans: biased weights, removed (issue 19 item 1)"
                            for name in ("prob_tova_span8_priority", "prob_keydiff_span8_priority_ent")}
-#: Classes that moved module since the snapshot: old path -> new path.
-MOVED = {"kvpress_prob.names.registry.EagerObservedAttentionPress": "kvpress_prob.presses.h2o.EagerObservedAttentionPress"}
+#: Classes that moved module since the snapshot: old path -> new path (kvprob-rewrite: keep) (the registry's own H2O press moved to
+#: the h2o module, then the package was laid out in layers).
+MOVED = {
+    "kvpress_prob.registry.EagerObservedAttentionPress": "kvpress_prob.presses.h2o.EagerObservedAttentionPress",
+    "kvpress_prob.calibration.CalibratedProposal": "kvpress_prob.proposals.calibrated.CalibratedProposal",
+    "kvpress_prob.press.SamplingPress": "kvpress_prob.presses.sampling.SamplingPress",
+    "kvpress_prob.proposals.H2OProposal": "kvpress_prob.proposals.attention.H2OProposal",
+    "kvpress_prob.proposals.MinVarianceProposal": "kvpress_prob.proposals.attention.MinVarianceProposal",
+    "kvpress_prob.proposals.SampledMinVarianceProposal": "kvpress_prob.proposals.attention.SampledMinVarianceProposal",
+    "kvpress_prob.proposals.ScoreProposal": "kvpress_prob.proposals.base.ScoreProposal",
+    "kvpress_prob.spans.SpanPress": "kvpress_prob.presses.spans.SpanPress",
+    "kvpress_prob.spans.SpanSampler": "kvpress_prob.samplers.spans.SpanSampler",
+    **{f"kvpress_prob.summary.{c}": f"kvpress_prob.presses.summary.{c}" for c in ("Summary", "SummaryPress",
+                                                                                 "SummarySamplingPress")},
+}
 #: Init fields added to a class since the snapshot: name -> why (a new field is ignored only if named here).
 NEW_FIELDS: dict[str, str] = {"prefill": "issue 21: the global-budget prefill mode (auto by default, issue 27); the draw and kept set of deferred"}
 
