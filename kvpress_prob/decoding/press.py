@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import weakref
@@ -11,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
-from kvpress import DecodingPress, KeyDiffPress, KnormPress, StreamingLLMPress, TOVAPress
+from kvpress import DecodingPress
 from kvpress.presses.base_press import is_prefilling
 from kvpress.presses.scorer_press import ScorerPress
 from torch import nn
@@ -21,11 +20,8 @@ from kvpress_prob.correction import bias as correction
 from kvpress_prob.decoding import rounds
 from kvpress_prob.proposals.attention import rope_queries
 from kvpress_prob.proposals.base import scores_to_weights
-from kvpress_prob.samplers import Sampler, TopKSampler
-from kvpress_prob.samplers.block import BlockSampler
+from kvpress_prob.samplers import Sampler
 from kvpress_prob.samplers.priority import PrioritySampler
-from kvpress_prob.samplers.stratified import StratifiedSampler
-from kvpress_prob.samplers.threshold import ThresholdSampler
 
 logger = logging.getLogger(__name__)
 

@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 import torch
 
 from kvpress_prob.presses.sampling import SamplingPress
-from kvpress_prob.samplers.base import Draw, Sampler, check_ratio
 
-from kvpress_prob.samplers.spans import INNERS, SpanSampler, pack_units, word_starts
+from kvpress_prob.samplers.spans import SpanSampler, pack_units, word_starts
 
 
 @dataclass

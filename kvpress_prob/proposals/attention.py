@@ -4,15 +4,11 @@ minimum-variance proposal pi_min and its sampled-rows variant), and the query an
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-from kvpress import CompactorPress, CriticalAdaKVPress, CriticalKVPress, StreamingLLMPress
-from kvpress.presses.scorer_press import ScorerPress
 from kvpress.utils import get_prerope_query_states
 from torch import nn
 from transformers.models.llama.modeling_llama import rotate_half

@@ -20,16 +20,12 @@ import copy
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 from kvpress import CompactorPress, CriticalAdaKVPress, CriticalKVPress, StreamingLLMPress
 from kvpress.presses.scorer_press import ScorerPress
-from kvpress.utils import get_prerope_query_states
 from torch import nn
-from transformers.models.llama.modeling_llama import rotate_half
 
-from kvpress_prob.proposals import precision
 
 
 @dataclass(kw_only=True)

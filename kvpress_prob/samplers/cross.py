@@ -20,13 +20,11 @@ proposals).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from kvpress_prob.proposals.attention import MinVarianceProposal
-from kvpress_prob.proposals.base import Proposal
 from kvpress_prob.samplers.base import Draw, Sampler, check_ratio, renormalise, top_by_rank
 from kvpress_prob.samplers.priority import priority_draw
 

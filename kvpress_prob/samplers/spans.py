@@ -19,12 +19,10 @@ given to the press, or the model's own (``model.config._name_or_path``), loaded 
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
-from kvpress_prob.presses.sampling import SamplingPress
 from kvpress_prob.samplers.base import Draw, Sampler, check_ratio
 
 #: the first characters of a token that starts a new word (byte-level BPE and SentencePiece markers)
