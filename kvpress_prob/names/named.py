@@ -1,12 +1,12 @@
-"""Presses outside the registry's name grammar (``kvpress_prob.names.grid``), listed by ``catalogue.NAMED``.
+"""Presses outside the name grammar of ``kvpress_prob.names.grid``: name -> factory of the compression ratio.
 
-- The entropy-set hybrids (docs/entropy-hybrid.md): each head's exact fraction alpha_h follows the entropy of its
+- ``KVZIP_ALLOCATIONS``: KVzip's scores under an allocation over layers and heads (``presses.kvzip_alloc``),
+  ``topk_kvzip_<allocation>``.
+- ``ENTROPY_HYBRIDS`` (not shipped; built by name): each head's exact fraction alpha_h follows the entropy of its
   own proposal (``samplers.entropy_stratified``); the rest is priority-sampled with correction. pi_min-h under the
   global budget of prob_min_h (positions, or blocks of 8); KeyDiff softmax-calibrated to the window attention's
   entropy (the proposal of ``prob_keydiff_block8_priority_ent``, not the grid's plain ``keydiff``) and TOVA over
-  blocks of 8 with a per-head budget. Each has a ``_nocorr`` twin. Built here: name -> factory of the ratio.
-- The decoding-time presses (``kvpress_prob.names.decoding.DECODING_PRESSES``): listed only, built by
-  ``get_decoding_press(name, target_size, compression_interval)``, since their budget is a size, not a ratio.
+  blocks of 8 with a per-head budget. Each has a ``_nocorr`` twin.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Callable
 from kvpress import KeyDiffPress, TOVAPress
 
 from kvpress_prob.proposals.calibrated import CalibratedProposal
-from kvpress_prob.names.decoding import DECODING_PRESSES
+from kvpress_prob.presses.kvzip_alloc import ALLOCATIONS, KVzipAllocatedPress
 from kvpress_prob.presses.sampling import SamplingPress
 from kvpress_prob.proposals.attention import MinVarianceProposal
 from kvpress_prob.proposals.base import ScoreProposal
@@ -51,5 +51,10 @@ ENTROPY_HYBRIDS: dict[str, Callable[[float], SamplingPress]] = {
     **{f"{name}_nocorr": (lambda ratio, make=make: replace(make(ratio), correct=False)) for name, make in _ENTROPY.items()},
 }
 
-#: The decoding-time presses' names (built by ``kvpress_prob.names.decoding.get_decoding_press``).
-DECODING_NAMES: tuple[str, ...] = tuple(DECODING_PRESSES)
+#: KVzip's allocations as named presses: name -> factory of the ratio.
+KVZIP_ALLOCATIONS: dict[str, Callable[[float], KVzipAllocatedPress]] = {
+    f"topk_kvzip_{a}": (lambda ratio, a=a: KVzipAllocatedPress(compression_ratio=ratio, allocation=a))
+    for a in ALLOCATIONS}
+
+#: Every named press of this module.
+NAMED: dict[str, Callable[[float], SamplingPress | KVzipAllocatedPress]] = {**KVZIP_ALLOCATIONS, **ENTROPY_HYBRIDS}

@@ -1,20 +1,19 @@
 """Named presses: ``get_press(name, compression_ratio, **overrides)``.
 
-Names are points of a grid, (kind × proposal × unit × design × options), written, read back and
-built by ``kvpress_prob.names.grid``; ``kvpress_prob.names.catalogue`` says which points are registered, with
-their origin (kvpress / paper / ours) and status (recommended / measured / rejected / unmeasured) and
-the finding behind it. ``kvprob presses`` prints them. ``PRESSES`` maps every registered name to
-its factory of the compression ratio; ``get_press`` also builds any valid grid name that is not
-registered (``prob_lagkv_block8``), and refuses an invalid one with the valid parts.
+Names are points of a grid, (kind x proposal x unit x design x options), written, read back and built by
+``kvpress_prob.names.grid``; ``kvpress_prob.names.catalogue`` says which of them ship, with their origin
+(kvpress / paper / ours) and status. ``kvprob presses`` prints them. ``PRESSES`` maps every shipped name to
+its factory of the compression ratio, and also finds (``in``, ``[]``) any other name ``get_press`` builds:
+a valid grid name (``prob_lagkv_block8``) or one of ``names.named``. An invalid name is refused with the
+valid parts.
 
 Families: kvpress's top-k presses by scorer name (``snapkv``, ``h2o``: ObservedAttentionPress on eager
-attention) and under AdaKV (``adakv_<scorer>``; ``expected_attention`` is AdaKV's, as in kvpress's
-own evaluation); the paper's sampling presses ``prob_<proposal>`` (pi_min, pi_min-h, H2O, a scorer's
-scores) with their uncorrected ablation ``_nocorr``; and ours: other proposals and draws, threshold
-and priority designs, blocks, their top-k twins ``topk_*``, head-adaptive top-k ``<scorer>_adaptive``,
-stratified hybrids ``hybrid_*``, evicted-set summaries ``*_sum<c>``, calibrated proposals
-``*_rank`` / ``*_ent`` and span units ``*_span8``. ``RECOMMENDED`` names the press chosen on the three
-development splits by the maximin rule (docs/recommendation-rule.md).
+attention) and under AdaKV (``adakv_<scorer>``; ``expected_attention`` is AdaKV's, as in kvpress's own
+evaluation); the paper's sampling presses ``prob_<proposal>`` (pi_min, pi_min-h, H2O, a scorer's scores);
+and ours: other proposals and draws, priority designs, blocks, their top-k twins ``topk_*``, head-adaptive
+top-k ``<scorer>_adaptive``, stratified hybrids ``hybrid_*`` and ``cross_*``, evicted-set summaries
+``*_sum<c>``, calibrated proposals ``*_rank``, and KVzip's allocations ``topk_kvzip_<allocation>``.
+``RECOMMENDED`` names the press chosen on the three development splits by the maximin rule.
 """
 
 from __future__ import annotations
@@ -24,9 +23,10 @@ from typing import Callable
 
 from kvpress import BasePress
 
-from kvpress_prob.names.catalogue import NAMED, Entry, entries
+from kvpress_prob.names.catalogue import Entry, entries
 from kvpress_prob.names.decoding import DECODING_PRESSES
 from kvpress_prob.names.grid import build, parse_name
+from kvpress_prob.names.named import NAMED
 from kvpress_prob.presses.kvzip import KVzipSampledPress
 from kvpress_prob.presses.sampling import SamplingPress
 from kvpress_prob.samplers import PoissonSampler, Sampler, TopKSampler
@@ -45,25 +45,49 @@ SAMPLERS: dict[str, Callable[[], Sampler]] = {
     "stratified": StratifiedSampler,
 }
 
-#: Every registered press: name -> entry (origin, family, status, finding).
+#: Every shipped press: name -> entry (origin, family, status).
 CATALOGUE: dict[str, Entry] = entries()
 
 
 def _factory(name: str) -> Callable[[float], BasePress]:
     if name in NAMED:
-        return NAMED[name][0]
+        return NAMED[name]
     parts = CATALOGUE[name].parts
     return lambda ratio: build(parts, ratio)
 
 
 def _where(**wanted) -> dict[str, Callable[[float], BasePress]]:
-    return {name: _factory(name) for name, entry in CATALOGUE.items()
-            if all(getattr(entry.parts, key, None) == value for key, value in wanted.items())}
+    return {name: PRESSES[name] for name, entry in CATALOGUE.items() if entry.parts is not None
+            and all(getattr(entry.parts, key, None) == value for key, value in wanted.items())}
 
 
-#: name -> factory of the compression ratio, for every registered press (not those only listed in NAMED).
-PRESSES: dict[str, Callable[[float], BasePress]] = {
-    name: _factory(name) for name in CATALOGUE if name not in NAMED or NAMED[name][0] is not None}
+class Presses(dict):
+    """The shipped presses, name -> factory of the compression ratio. A name it does not list but
+    ``get_press`` builds (any valid grid name, or one of ``names.named``) is found too: ``name in
+    PRESSES`` is whether it builds, ``PRESSES[name]`` its factory."""
+
+    def __contains__(self, name) -> bool:
+        if dict.__contains__(self, name):
+            return True
+        try:
+            self[name]
+        except (KeyError, ValueError):
+            return False
+        return True
+
+    def __missing__(self, name):
+        if name in NAMED:
+            return NAMED[name]
+        if not isinstance(name, str) or name in DECODING_PRESSES:
+            raise KeyError(name)
+        parts = parse_name(name)  # ValueError on an invalid name
+        return lambda ratio: build(parts, ratio)
+
+
+#: name -> factory of the compression ratio, for every shipped prefill press (decoding presses are built by
+#: ``get_decoding_press``).
+PRESSES: Presses = Presses({name: _factory(name) for name, entry in CATALOGUE.items()
+                            if entry.family != "decoding"})
 #: The paper's top-k baselines (kvpress).
 BASELINES = {name: PRESSES[name] for name in ("streaming_llm", "snapkv", "tova", "h2o", "knorm")}
 #: Stronger kvpress top-k baselines that run offline on a CPU.
@@ -78,29 +102,23 @@ SUMMARIES = {name: PRESSES[name] for name, entry in CATALOGUE.items() if entry.f
 
 
 #: The recommendations, chosen on the three development splits (RULER, prose, natural-text recall) by the
-#: maximin rule of docs/recommendation-rule.md (round 2, written before any round-2 result was read;
-#: results/rule/dev-maximin-round2.md): RECOMMENDED maximises the worst of its three scores relative to each
-#: regime's best press, among the presses holding at most kvpress top-k's bytes (+1 %) on the cache. It is a
-#: top-k press: KVzip's reconstruction scores (kvpress), every head of a layer keeping the count of the layer's
-#: neediest head under KVzip's global top, real eviction. The per-regime picks cost much elsewhere
-#: (docs/three-regimes.md): RECOMMENDED_PROSE (sampled, corrected) trails on RULER and recall,
-#: RECOMMENDED_RETRIEVAL on prose and recall. Before: topk_kvzip_layers (round 1 of the maximin rule),
-#: prob_min_h_priority (the two-regime rule), hybrid_keydiff_block8_a90 (RULER only).
+#: maximin rule: RECOMMENDED maximises the worst of its three scores relative to each regime's best press,
+#: among the presses holding at most kvpress top-k's bytes (+1 %) on the cache. It is a top-k press: KVzip's
+#: reconstruction scores, every head of a layer keeping the count of the layer's neediest head under KVzip's
+#: global top, real eviction. RECOMMENDED_PROSE (sampled, corrected) and RECOMMENDED_RETRIEVAL are the
+#: per-regime picks; each costs much in the other regimes.
 RECOMMENDED = "topk_kvzip_widest"
 RECOMMENDED_PROSE = "cross_kvzip_block1_a75_mix50_layers"
 RECOMMENDED_RETRIEVAL = "topk_kvzip_ragged_fit"
 
 
 def factory(name: str) -> Callable[[float], BasePress]:
-    """The factory of a registered name, or of any valid grid name (``parse_name`` refuses the rest)."""
-    if name in PRESSES:
-        return PRESSES[name]
+    """The factory of a shipped name, or of any name ``get_press`` builds (``parse_name`` refuses the rest)."""
     if name in DECODING_PRESSES:
         raise ValueError(f"press name {name!r} is a decoding press (it compresses while generating, to a target "
                          f"size, not at a compression ratio): build it with kvpress_prob.get_decoding_press("
                          f"{name!r}, target_size, compression_interval)")
-    parts = parse_name(name)
-    return lambda ratio: build(parts, ratio)
+    return PRESSES[name]
 
 
 def _init_fields(obj) -> set[str]:

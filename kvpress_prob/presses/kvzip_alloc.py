@@ -144,9 +144,5 @@ class KVzipAllocatedPress(KVzipSampledPress):
         self.kept = evict_keep(self._cache, [layer.self_attn for layer in language_model(model).layers], keep)
 
 
-#: The allocations as named presses (``catalogue.NAMED``): name -> factory of the ratio.
-KVZIP_ALLOCATIONS = {f"topk_kvzip_{a}": (lambda ratio, a=a: KVzipAllocatedPress(compression_ratio=ratio, allocation=a))
-                     for a in ALLOCATIONS}
-
-__all__ = ["ALLOCATIONS", "KVZIP_ALLOCATIONS", "KVzipAllocatedPress", "allocation_keep", "evict_keep", "kvzip_keep",
-           "top_counts", "widest_fit"]
+__all__ = ["ALLOCATIONS", "KVzipAllocatedPress", "allocation_keep", "evict_keep", "kvzip_keep", "top_counts",
+           "widest_fit"]
