@@ -17,7 +17,7 @@ prefix | new tokens], the bias 0 on new tokens, which is
 
   out = [sum_kept w_i e^{s_i} v_i + sum_new e^{s_j} v_j] / [sum_kept w_i e^{s_i} + sum_new e^{s_j}]
 
-(docs/method.md, "Correction"). It builds its own mask from the layer's real key length (transformers
+(self-normalised importance sampling). It builds its own mask from the layer's real key length (transformers
 builds the model's mask from layer 0's length, wrong here since layers differ): bias on the
 stored prefix, causal among the new tokens.
 """
@@ -72,7 +72,7 @@ def corrected_sdpa(
             f"got {k_len} keys: was the cache changed outside the press?"
         )
     # The mask has the dtype the attention computes in, which is the query's: CUDA's memory-efficient
-    # kernel refuses a mask of another dtype (issue 25). A bias wider than the query (float32 beside
+    # kernel refuses a mask of another dtype. A bias wider than the query (float32 beside
     # bfloat16 / float16) is not rounded to the query's dtype: q, k and v are upcast to the bias's
     # dtype and the output cast back, so the bias is added in float32 as bias_dtype="float32" promises
     # (tests/test_mask_dtype.py: against float64, where a bfloat16-rounded bias is measurably worse).

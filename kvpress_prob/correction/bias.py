@@ -4,7 +4,7 @@ After eviction each layer of the compressed cache carries a bias of shape (b, H_
 log-weight / T of each stored prefix entry (T the press's temperature) (S = the layer's largest kept count), and the dtype's
 most negative finite value on padding. Every later forward on that cache reads it through the wrapped
 attention functions (``kvpress_prob.correction.attention.corrected_sdpa``: self-normalised importance sampling
-as an additive logit bias; docs/method.md, "Correction").
+as an additive logit bias).
 
 Lifetime: the bias belongs to the one compressed cache, and lives on its layer objects (it is
 freed with the cache, copied with ``copy.deepcopy``, and never seen by another cache). A forward

@@ -4,7 +4,7 @@ A SamplingPress evicts every layer at once when the last hooked layer of a prefi
 wrapper can run it only if it calls its ``forward_hook`` at every layer of the prefill and cuts no
 layer after it: last in a ``ComposedPress``, or as a ``PrefillDecodingPress``'s ``prefilling_press``
 with no decoding press. Every other wrapper is refused with a ``TypeError`` naming the wrapper and
-what to use instead (docs/presses.md, "Lifetime, and kvpress's wrappers").
+what to use instead.
 
 The press finds its wrappers from what it sees itself, never from the call stack and without
 changing kvpress's classes: the forward hooks registered on the attention module it is given

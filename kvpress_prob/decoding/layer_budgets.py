@@ -1,4 +1,4 @@
-"""Per-layer budgets while decoding at the same total (issue 28): ``LayerBudgetDecodingPress``.
+"""Per-layer budgets while decoding at the same total: ``LayerBudgetDecodingPress``.
 
 kvpress's ``DynamicCache`` holds a layer as one (b, H_kv, S, d) tensor, so heads of one layer that keep
 different counts are padded to the largest: per-head budgets are not equal bytes, per-layer budgets are.
@@ -72,7 +72,7 @@ def allocate(spreads: list[float], total: int, low: list[int], high: list[int], 
 
 @dataclass
 class LayerBudgetDecodingPress(SamplingDecodingPress):
-    """``SamplingDecodingPress`` with per-layer budgets at the same total (issue 28's per-head budgets
+    """``SamplingDecodingPress`` with per-layer budgets at the same total (per-head budgets
     while decoding, at layer granularity: the granularity at which a ``DynamicCache`` saves bytes).
     Probabilistic eviction with compounded SNIS weights as in ``SamplingDecodingPress`` (Geh et al.,
     "A Probabilistic Interpretation of KV Cache Eviction", 2026; VaSE, Chang et al. 2026); the layer

@@ -32,7 +32,7 @@ PROPOSALS = ("scorer", "attention", "h2o", "min_variance")
 @dataclass
 class _CacheState:
     """What a ``SamplingDecodingPress`` keeps of one cache, per layer, between its forwards: two caches
-    decoded in any interleaving inside one ``with press(model)`` never see each other's (issue 25)."""
+    decoded in any interleaving inside one ``with press(model)`` never see each other's."""
 
     hidden_states_buffer: defaultdict = field(default_factory=lambda: defaultdict(list))  # hidden states (b, c, D)
     layer_step_counts: defaultdict = field(default_factory=lambda: defaultdict(int))  # steps since the last round
@@ -54,7 +54,7 @@ class SamplingDecodingPress(DecodingPress):
     order. With ``correct=True`` a kept entry's log-weight log 1/q is added to the correction bias
     it already carries (a prefill ``SamplingPress``'s included) and the bias is gathered with its
     keys, so an entry that survived rounds with inclusion probabilities q1, q2, ... weighs
-    1/(q1 q2 ...) in the decode-time SNIS attention (``kvpress_prob.correction.bias``; docs/decoding.md).
+    1/(q1 q2 ...) in the decode-time SNIS attention (``kvpress_prob.correction.bias``).
     ``correct=False`` keeps the same entries and adds nothing (a bias already on the cache is still
     carried with its keys). A ``TopKSampler`` is kvpress's ``DecodingPress`` with positional order.
 
@@ -93,7 +93,7 @@ class SamplingDecodingPress(DecodingPress):
         Compound the Horvitz-Thompson weights into the correction bias.
     temperature : float, default 1.0
         Each round adds log(1/q) / ``temperature`` to a kept entry's bias, > 0. Compounding is
-        defined stage by stage (docs/decoding.md, "Compounding under a temperature"): a round
+        defined stage by stage: a round
         multiplies the weight an entry already carries, whatever its origin (a prefill press's
         log w / T_prefill, 0 after an uncorrected prefill), by (1/q)^(1/temperature). At 1 a round
         is unbiased for the cache it cuts; 1 / (q_prefill q1 ...) holds when every stage has T = 1,

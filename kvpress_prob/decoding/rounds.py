@@ -16,7 +16,7 @@ the n - S entries appended while decoding, whose bias is 0. A round
    kept entry's new bias is its old bias plus its log-weight. An entry that survived rounds with
    inclusion probabilities q1, q2, ... (a prefill draw included) so carries log 1 / (q1 q2 ...).
 
-Why the product is the right weight (docs/decoding.md, "Compounding"): round r keeps entry i with
+Why the product is the right weight: round r keeps entry i with
 probability q_r(i) given everything before it, so E[1{kept in rounds 1..R} / (q_1 ... q_R)] = 1 by
 the tower rule, and sum_kept w_i e^{s_i} v_i stays unbiased for the full prefix sum.
 """
@@ -143,7 +143,7 @@ def controlled(log_weight: torch.Tensor, bias: torch.Tensor, drawn: torch.Tensor
     log 1/q (b, H_kv, n) and the bias (b, H_kv, n) the entries carry before the round; 0 elsewhere
     (sinks, window and entries not drawn). In this order:
 
-    - ``temperature``: log(1/q) / T (docs/decoding.md, "Compounding under a temperature");
+    - ``temperature``: log(1/q) / T;
     - ``renormalise``: the drawn entries' compounded weights are scaled, per head, to sum to the
       candidates' weights before the round (sum over drawn of e^(b + inc) = sum over candidates of
       e^b): a ratio estimator, exact on the total that Horvitz-Thompson only matches in expectation;
@@ -164,7 +164,7 @@ def controlled(log_weight: torch.Tensor, bias: torch.Tensor, drawn: torch.Tensor
 
 def harmonic_rows(n_q: int, device=None) -> torch.Tensor:
     """The harmonic prior over B buffered query rows, h_j proportional to 1 / (B - j) (the most
-    recent query weighs most; pi_min-h of docs/method.md over the buffer), summing to B so that
+    recent query weighs most; pi_min-h's prior over the buffer), summing to B so that
     uniform rows (all 1) and harmonic rows give attention mass on the same scale. (B,) float32."""
     h = 1.0 / torch.arange(n_q, 0, -1, device=device, dtype=torch.float32)
     return h * (n_q / h.sum())

@@ -1,10 +1,10 @@
 """Two kvpress ScorerPresses for compression while decoding (inside kvpress's ``DecodingPress``), the
-streaming baselines of docs/streaming.md.
+streaming baselines.
 
 - ``SinkWindowPress``: StreamingLLM's sinks and recent window, gathered in positional order. kvpress's
   ``StreamingLLMPress`` scores by index and ``ScorerPress.compress`` gathers its top-k unsorted, so
   under ``DecodingPress`` the cache leaves positional order after the first round and the next round's
-  "first n_sink entries" are no longer the sinks (measured in docs/streaming.md).
+  "first n_sink entries" are no longer the sinks.
 - ``H2OPress``: heavy hitters by accumulated attention. Each round adds the attention that the queries
   buffered since the last round paid to every cached entry to the sum the entry already carries; the
   sums are gathered with the kept entries.

@@ -286,7 +286,7 @@ def check(parts: Parts, name: str | None = None) -> None:
     if parts.design not in DESIGNS[kind]:
         _refuse(name, f"design {parts.design!r} is not one of kind {kind!r}: {DESIGNS[kind]}")
     if kind == "prob" and parts.unit.startswith("span") and "nowiden" not in keys:
-        _refuse(name, "priority over widened spans has biased weights (issue 19): add _nowiden")
+        _refuse(name, "priority over widened spans has biased weights: add _nowiden")
     if "nowiden" in keys and not parts.unit.startswith("span"):
         _refuse(name, "nowiden applies to span units")
     if {"rank", "ent"} <= set(keys) or (({"rank", "ent"} & set(keys)) and parts.proposal not in SCORERS):

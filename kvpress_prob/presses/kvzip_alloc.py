@@ -1,4 +1,4 @@
-"""KVzip's kept set across the heads of a layer, with real eviction (issue 26: why kvzip's mask beats its twin).
+"""KVzip's kept set across the heads of a layer, with real eviction (why kvzip's mask beats its twin).
 
 kvpress's ``KVzipPress`` (Kim et al., "KVzip: Query-Agnostic KV Cache Compression with Context Reconstruction",
 2025) keeps the global top of its reconstruction scores over all layers and heads (``kvzip_keep``, exactly its

@@ -1,4 +1,4 @@
-"""How a SamplingPress's prefill holds the cache until its eviction (docs/prefill-memory.md).
+"""How a SamplingPress's prefill holds the cache until its eviction.
 
 A layer's draw needs the proposals of the budget's scope:
 
@@ -62,7 +62,7 @@ def host_available() -> int:
 
 def resolve(prefill: str, device, kv_bytes: int) -> str:
     """The mode a prefill of full K+V ``kv_bytes`` on ``device`` runs: ``prefill`` itself, or for
-    "auto" (the default; chosen by measurement, results/bench/prefill-default/): "offload" on CUDA (one
+    "auto" (the default; chosen by measurement): "offload" on CUDA (one
     forward, the full K+V waiting in pinned host memory), "deferred" on a CPU when the full K+V takes
     at most ``DEFERRED_SHARE`` of the available host memory, else "recompute" (one layer's full K+V
     at a time, a second forward)."""

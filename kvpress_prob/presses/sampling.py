@@ -37,9 +37,9 @@ class SamplingPress(BasePress):
     is cut to its kept entries, padded only to that layer's largest head. A per-layer or per-head
     budget cuts each layer at its own hook, as kvpress's presses do; a global budget needs every
     layer's proposal, and ``prefill`` says how the prefill gets them without holding the full cache
-    (``kvpress_prob.presses.prefill_modes``; docs/prefill-memory.md).
+    (``kvpress_prob.presses.prefill_modes``).
     Each layer of that cache carries the log-weights / temperature, read at decode time by
-    ``kvpress_prob.correction.bias`` (self-normalised importance sampling, docs/method.md): the
+    ``kvpress_prob.correction.bias`` (self-normalised importance sampling): the
     correction belongs to that one cache, so nothing outlives it on the model. A prefill that skips
     a hooked layer, repeats one or stops before the last raises instead of evicting nothing.
 
@@ -78,7 +78,7 @@ class SamplingPress(BasePress):
         Seed of the sampler: the same seed gives the same kept set.
     bias_dtype : {"keys", "float32"}, default "keys"
         Precision of the stored correction bias: the keys' dtype, or float32 (the corrected attention
-        then adds it in float32; docs/method.md, "Correction"; measured in results/bench/bf16/).
+        then adds it in float32).
     prefill : {"auto", "recompute", "deferred", "offload"}, default "auto"
         How a prefill under the global budget holds the cache until the draw (a per-layer or
         per-head budget never waits). "recompute": a first forward computes only the proposals
@@ -87,7 +87,7 @@ class SamplingPress(BasePress):
         "deferred": every layer's full keys and values wait on the device for the last layer.
         "offload": they wait in host memory (pinned, non-blocking copies on CUDA), and only the
         kept entries come back; on a CPU it is "deferred". "auto" (``prefill_modes.resolve``, chosen
-        by measurement: results/bench/prefill-default/): "offload" on CUDA, "deferred" on a CPU whose
+        by measurement): "offload" on CUDA, "deferred" on a CPU whose
         memory holds the full K+V, else "recompute". All give the same kept sets and
         weights for a seed. Inside a kvpress wrapper (``ComposedPress``, ``PrefillDecodingPress``),
         which owns the hooks, "recompute" runs as "deferred".

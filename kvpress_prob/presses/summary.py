@@ -4,7 +4,7 @@ After eviction each head's evicted entries are split into V groups (V = ``Summar
 contiguous position segments or by k-means of their keys (as cached, after RoPE). Group g becomes
 one virtual entry (count N_g, key mean mu_g, value mean nu_g) that the decode-time correction adds
 to the softmax with log-weight log(tau N_g), tau = ``Summary.weight``: it stands for N_g entries
-whose scores are all q . mu_g / sqrt d (docs/method.md, "Evicted-set summaries"). tau in (0, 1]
+whose scores are all q . mu_g / sqrt d. tau in (0, 1]
 tempers the summary from "absent" (tau -> 0) to the full count (tau = 1). A kept entry that
 carried an importance weight w_i (a sampled press) gets 1 + (1 - tau)(w_i - 1): at tau = 1 the
 summary, not the extrapolation of the kept entries, stands for the evicted mass, so the expected
@@ -151,8 +151,8 @@ def attach(module: nn.Module, cache: Cache, summary: Summary, keys: torch.Tensor
 
 @dataclass
 class SummaryPress(BasePress):
-    """kvpress top-k with an evicted-set summary (beyond the paper; docs/method.md, "Evicted-set
-    summaries"; cluster and moment summaries of evicted KV entries as in SubGen, Zandieh et al. 2024).
+    """kvpress top-k with an evicted-set summary (beyond the paper; cluster and moment summaries of
+    evicted KV entries as in SubGen, Zandieh et al. 2024).
 
     Each head keeps the top int((1 - r) n) - V entries by ``press.score`` (kvpress's count minus the
     V virtual entries, so the cache holds as many entries as ``press`` alone) and stores V virtual
@@ -206,8 +206,8 @@ class SummaryPress(BasePress):
 
 @dataclass
 class SummarySamplingPress(SamplingPress):
-    """A ``SamplingPress`` whose evicted entries are summarised (docs/method.md, "Evicted-set
-    summaries"): it draws with compression ratio r + V / n, so that the kept entries plus the V
+    """A ``SamplingPress`` whose evicted entries are summarised: it draws with compression ratio
+    r + V / n, so that the kept entries plus the V
     virtual ones per head meet the budget r, then appends each head's summary to the cache. A kept
     entry's weight is 1 + (1 - tau)(w_i - 1) from the draw's w_i (1 with ``correct=False``).
     Every parameter of ``SamplingPress`` (``temperature`` must be 1: ``summary.weight`` is the one

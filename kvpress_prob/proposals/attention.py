@@ -46,7 +46,7 @@ def segment_rows(h: torch.Tensor, s: int, generator: torch.Generator) -> tuple[t
 
     h (N,) >= 0, summing to 1 (the rows' prior, in position order). Returns row indices in
     increasing order and weights such that E[sum_r weight_r p_{row_r}] = sum_j h_j p_j for any rows
-    p_j, and sum_r weight_r = sum_j h_j exactly (docs/method.md, "Sampled rows"):
+    p_j, and sum_r weight_r = sum_j h_j exactly:
     - certainty rows: the w heaviest rows, w the smallest count such that every other row weighs less
       than (rest mass) / (s - w); each is taken with its own weight h_j;
     - the other rows, in position order, are cut into s - w contiguous segments of equal h-mass (a row
@@ -206,7 +206,7 @@ class MinVarianceProposal(AttentionProposal):
     """pi_min (harmonic=False): p_t(i) ||v_i||, p_t the attention row of the last prefix query.
 
     pi_min-h (harmonic=True): sum_j h_j p_j(i) ||v_i|| with h_j ~ 1 / (t - j + 1) over the prefix
-    rows (docs/method.md, "Proposals"), computed in query chunks. ``centred=True`` uses ||v_i - o||.
+    rows, computed in query chunks. ``centred=True`` uses ||v_i - o||.
     Geh et al., "A Probabilistic Interpretation of KV Cache Eviction" (2026).
 
     Parameters: those of ``AttentionProposal`` (harmonic, centred, query_window, chunk_size) and
@@ -227,7 +227,7 @@ class SampledMinVarianceProposal(MinVarianceProposal):
     by its segment's mass. The estimate then goes through pi_min-h's own steps (times ||v_i||,
     normalised per query head, mean over the group, floor), so the proposal is a consistent, not
     unbiased, estimate of pi_min-h; the press's correction stays unbiased whatever proposal it
-    samples from (docs/method.md, "Sampled rows"). query_rows >= the number of rows gives
+    samples from. query_rows >= the number of rows gives
     ``MinVarianceProposal``'s proposal exactly. Beyond Geh et al. (2026), whose pi_min-h this estimates.
 
     Parameters

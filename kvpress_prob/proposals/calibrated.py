@@ -4,7 +4,7 @@
 whose scores sit in a narrow band far from their minimum (KeyDiff's negative cosine similarity,
 ExpectedAttention's expected attention times value norm), that pi is close to uniform, so a sampler
 drawing from it keeps a near-uniform random subset. ``CalibratedProposal`` keeps the scorer's order
-and chooses how peaked pi is (docs/method.md, "Calibrated proposals"):
+and chooses how peaked pi is:
 
 - ``calibration="rank"``: pi_i ~ 1 / rank_i (Zipf over the scorer's ranking, rank 1 = best score);
   its shape does not depend on the scores' scale at all.

@@ -1,4 +1,4 @@
-"""Matmul precision of the O(n^2) proposals (issue 27 item 4).
+"""Matmul precision of the O(n^2) proposals.
 
 ``attention_mass`` (``kvpress_prob.proposals.attention``) runs its q k^T and its weighted sums in float32. On
 CUDA, ``fast_matmul`` lets those float32 matmuls run on TF32 tensor cores (inputs rounded to 10

@@ -1,4 +1,4 @@
-"""Cross-proposal stratified hybrids and the uniform proposal (issue 26).
+"""The cross-proposal stratified sampler (its two proposals are in ``proposals.pairs``).
 
 A cross-proposal hybrid keeps, in each KV head, a deterministic exact set chosen by one score (a
 query-agnostic retrieval scorer such as KeyDiff, over blocks of neighbouring positions) and fills the

@@ -1,4 +1,4 @@
-"""Defensive mixture proposals, with an optional deterministic exact set and per-head allocation (issue 26).
+"""Defensive mixture proposals, with an optional deterministic exact set and per-head allocation.
 
 A defensive mixture (Hesterberg, "Weighted average importance sampling and defensive mixture
 distributions", Technometrics 1995; Owen and Zhou, "Safe and effective importance sampling", JASA 2000)

@@ -1,4 +1,4 @@
-"""Poisson draws with replacement: the paper's design (docs/method.md, "Draws and weights").
+"""Poisson draws with replacement: the paper's design.
 
 Counts c_i ~ Poisson(m pi_i) independently. This is the paper's m i.i.d. draws with replacement
 with a Poisson(m) total instead of a fixed one (given the total, the counts are multinomial); it

@@ -8,7 +8,7 @@ greedily up to ``size`` tokens (a longer word is cut every ``size`` tokens). A k
 by ``widen`` tokens on each side, so the token before it (the space before a number, the end of
 the previous word) survives too. The widened tokens count against the budget: every head keeps at
 most int((1 - r) n) tokens in all, units included in order until the next one would not fit, and
-keeps exactly the tokens it charged (docs/method.md, "Span-aware units"). Widening is top-k only.
+keeps exactly the tokens it charged. Widening is top-k only.
 
 The press learns the token ids of its prefill without leaving state behind: ``SpanPress`` hooks
 the model's input embedding inside its own ``with press(model):`` block only (the hook and the ids
