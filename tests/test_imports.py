@@ -142,3 +142,22 @@ def test_the_package_layout():
     for layer in set(LAYERS) - {"models"}:
         doc = ast.get_docstring(ast.parse((package / layer / "__init__.py").read_text()))
         assert doc and "\n" not in doc.strip(), layer
+
+
+def test_the_public_api_is_one_import():
+    import kvpress_prob
+    from kvpress_prob import (  # noqa: F401  the line the README's quickstart documents
+        PRESSES,
+        RECOMMENDED,
+        SamplingDecodingPress,
+        SamplingPress,
+        get_decoding_press,
+        get_press,
+        load_model,
+    )
+
+    assert set(kvpress_prob.__all__) >= {"get_press", "get_decoding_press", "load_model", "RECOMMENDED", "PRESSES",
+                                         "SamplingPress", "SamplingDecodingPress", "RECOMMENDED_PROSE",
+                                         "RECOMMENDED_RETRIEVAL"}
+    assert all(hasattr(kvpress_prob, name) for name in kvpress_prob.__all__)
+    assert RECOMMENDED in PRESSES and isinstance(get_press(RECOMMENDED, 0.5), object)
