@@ -22,6 +22,8 @@ under ``"failed"`` with the error (the registry snapshot, tests/data/registry-*.
 fields). Run as a script, it writes ``tests/data/kept-<commit>.json``:
 
     OMP_NUM_THREADS=1 PYTHONPATH=$PWD python tests/kept_snapshot.py 7ab10c4
+
+(it was run at that commit, with that commit's module paths; the imports here are the layered ones since).
 """
 
 from __future__ import annotations

@@ -188,3 +188,24 @@ def test_a_decoding_press_name_points_to_get_decoding_press():
         assert name in DECODING_PRESSES
         with pytest.raises(ValueError, match=rf"decoding press.*get_decoding_press\('{name}', target_size"):
             get_press(name, 0.5)
+
+
+def test_every_old_decoding_name_still_builds():
+    """The 35 decoding presses the catalogue listed at 7ab10c4: 17 ship, every one still builds by name."""
+    from kvpress_prob.names.decoding import DECODING_PRESSES, get_decoding_press
+
+    base = ["decode_streaming_llm", "decode_knorm_topk", "decode_tova_topk", "decode_keydiff_topk", "decode_attn_topk",
+            "decode_h2o_topk", "decode_min_variance_topk"]
+    sampled = ["prob_decode_attn_priority", "prob_decode_h2o_priority", "prob_decode_min_variance_priority",
+               "prob_decode_tova_priority", "prob_decode_attn_threshold", "prob_decode_attn_stratified",
+               "prob_decode_attn_block4", "prob_decode_attn_vase", "prob_decode_min_variance_h_priority",
+               "prob_decode_min_variance_priority_t2", "prob_decode_min_variance_priority_cap16",
+               "prob_decode_min_variance_priority_renorm", "prob_decode_min_variance_priority_floor20"]
+    layers = "prob_decode_min_variance_priority_floor20_layers"
+    old = base + sampled + [f"{n}_nocorr" for n in sampled] + [layers, f"{layers}_nocorr"]
+    assert list(DECODING_PRESSES) == old
+    for name in old:
+        press = get_decoding_press(name, 64, 8)
+        assert press.correct == (not name.endswith("_nocorr")), name
+    assert {n for n, e in CATALOGUE.items() if e.family == "decoding"} == set(base + sampled[:8]) | {
+        "prob_decode_min_variance_priority_floor20", layers}
