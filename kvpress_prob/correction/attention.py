@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from kvpress_prob.correction import flex as fused
+from kvpress_prob.correction import flex
 from kvpress_prob.correction import wrappers
 
 _WRAPPED = "_kvprob_wrapped"  # on a wrapper function: marks it as ours
@@ -109,8 +109,8 @@ def corrected_sdpa(
 def corrected(query, key, value, bias, scaling, implementation: str | None = None) -> torch.Tensor:
     """The corrected attention on its route: fused (FlexAttention, ``kvpress_prob.correction.flex``) on CUDA and
     under a flash-attention implementation, else ``corrected_sdpa``."""
-    if fused.use_fused(query, implementation):
-        return fused.flex_corrected(query, key, value, bias, scaling)
+    if flex.use_fused(query, implementation):
+        return flex.flex_corrected(query, key, value, bias, scaling)
     return corrected_sdpa(query, key, value, bias, scaling)
 
 
