@@ -30,7 +30,7 @@ Designs (``prob``): ``poisson`` (the paper's draws; unwritten on tokens), ``thre
 blocks), ``priority``. Options, always written in ``OPTIONS`` order, each one field: see ``OPTIONS``.
 The per-head budget is the default where a unit is kept whole by a fixed count per head (blocks or
 spans under priority, top-k or a hybrid); elsewhere the paper's global budget. A name whose every
-part is valid builds, registered or not; a wrong part is refused with the valid ones.
+part is valid builds, shipped or not; a wrong part is refused with the valid ones.
 """
 
 from __future__ import annotations

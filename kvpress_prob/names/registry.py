@@ -126,7 +126,7 @@ def _init_fields(obj) -> set[str]:
 
 
 def get_press(name: str, compression_ratio: float, **overrides) -> BasePress:
-    """The press named ``name`` (registered, or any valid grid name) at ``compression_ratio``, with
+    """The press named ``name`` (shipped, or any name the grid or ``names.named`` builds) at ``compression_ratio``, with
     dataclass fields overridden.
 
     An override names a field of the press (``seed=3``, ``temperature=2.0``, ``budget="layer"``),
