@@ -26,7 +26,7 @@ from evaluation.datasets import load_dataset_frame
 from evaluation.datasets.ruler import OFFLINE_TASKS
 from evaluation.presets import (DEMO_OUT, DEMO_REFERENCE, PAPER_METHODS, PRESETS, PROSE_DEMO,  # noqa: F401
                                 PROSE_DEMO_REFERENCE, default_out)
-from kvpress_prob.registry import PRESSES, factory
+from kvpress_prob.names.registry import PRESSES, factory
 
 EMBEDDED_ALIASES = (None, "", "embedded")
 

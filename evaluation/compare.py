@@ -17,7 +17,7 @@ import pandas as pd
 from evaluation.aggregate import REFERENCE, prepare, win_scores
 from evaluation.report import markdown_table
 from evaluation.stats import mean_table, paired_table
-from kvpress_prob.registry import PRESSES, is_sampling
+from kvpress_prob.names.registry import PRESSES, is_sampling
 
 
 def kinds(presses) -> tuple[list[str], list[str]]:

@@ -125,7 +125,7 @@ def _same(a, b) -> bool:
 def design_size(name: str) -> int:
     """``fields_set`` of the named press at r = 0.5 (the rule's "simpler design": fewer fields set away from
     their defaults)."""
-    from kvpress_prob.registry import get_press
+    from kvpress_prob.names.registry import get_press
 
     return fields_set(get_press(name, 0.5))
 

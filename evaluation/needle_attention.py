@@ -24,10 +24,11 @@ from kvpress import KVPressTextGenerationPipeline
 
 from evaluation.bench.decompose import DEV_TASKS, needle_positions
 from evaluation.engine import Prefill
-from kvpress_prob import correction, get_press, load_model
-from kvpress_prob.press import language_model
-from kvpress_prob.proposals import rope_queries
-from kvpress_prob.summary import SummaryPress, SummarySamplingPress
+from kvpress_prob import get_press, load_model
+from kvpress_prob.correction import bias as correction
+from kvpress_prob.presses.sampling import language_model
+from kvpress_prob.proposals.attention import rope_queries
+from kvpress_prob.presses.summary import SummaryPress, SummarySamplingPress
 
 
 def _row_match(full: torch.Tensor, held: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,7 @@ The demo's presses are ``DEMO_PRESSES``: change them there, nowhere else.
 
 from __future__ import annotations
 
-from kvpress_prob.registry import RECOMMENDED, RECOMMENDED_PROSE, RECOMMENDED_RETRIEVAL
+from kvpress_prob.names.registry import RECOMMENDED, RECOMMENDED_PROSE, RECOMMENDED_RETRIEVAL
 
 PAPER_METHODS = ["streaming_llm", "snapkv", "tova", "h2o", "knorm", "prob_min", "prob_min_h", "prob_h2o", "prob_h2o_h"]
 PAPER_RATIOS = [0.1, 0.25, 0.5, 0.75, 0.9]

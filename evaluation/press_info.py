@@ -2,8 +2,8 @@
 (``press_detail``), and one-line descriptions derived from the press objects themselves.
 
 Nothing here is a second list of presses: ``describe(name)`` builds the press with
-``kvpress_prob.registry.get_press`` and reads its class, its docstring and the dataclass fields
-that differ from their defaults; families, statuses and findings come from ``kvpress_prob.catalogue``.
+``kvpress_prob.names.registry.get_press`` and reads its class, its docstring and the dataclass fields
+that differ from their defaults; families, statuses and findings come from ``kvpress_prob.names.catalogue``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import dataclasses
 import re
 import textwrap
 
-from kvpress_prob.registry import get_press
+from kvpress_prob.names.registry import get_press
 
 _SKIP_FIELDS = {"compression_ratio"}  # the sweep variable, not part of what a name means
 
@@ -78,7 +78,7 @@ def _correction(press) -> str:
 
 def describe(name: str) -> str:
     """One line: the press's construction and what it does (see the module docstring)."""
-    from kvpress_prob.press import SamplingPress
+    from kvpress_prob.presses.sampling import SamplingPress
 
     press = get_press(name, 0.5)
     if isinstance(press, SamplingPress):
@@ -94,8 +94,8 @@ def describe(name: str) -> str:
 
 
 def _grouped() -> dict[tuple[str, str], list]:
-    from kvpress_prob.catalogue import FAMILIES
-    from kvpress_prob.registry import CATALOGUE
+    from kvpress_prob.names.catalogue import FAMILIES
+    from kvpress_prob.names.registry import CATALOGUE
 
     groups = {(f.origin, f.name): [] for f in FAMILIES.values()}
     for entry in CATALOGUE.values():
@@ -110,8 +110,8 @@ _ORIGINS = {"kvpress": "kvpress's presses (baselines)", "paper": "the paper's pr
 
 def family_table(every: bool = False) -> list[str]:
     """``kvprob presses``: one block per family, grouped by origin; ``every``: each name on its line."""
-    from kvpress_prob.catalogue import FAMILIES
-    from kvpress_prob.registry import CATALOGUE, RECOMMENDED
+    from kvpress_prob.names.catalogue import FAMILIES
+    from kvpress_prob.names.registry import CATALOGUE, RECOMMENDED
 
     lines, origin = [], None
     for (org, family), entries in _grouped().items():
@@ -133,15 +133,15 @@ def family_table(every: bool = False) -> list[str]:
         lines += textwrap.wrap(f"{e.name}{' (RECOMMENDED)' if e.name == RECOMMENDED else ''}: {e.finding}", 100,
                                initial_indent="    ", subsequent_indent="        ")
     lines += ["", f"{len(CATALOGUE)} registered presses. kvprob presses --all lists every name; kvprob presses "
-              "NAME shows one. Any valid grid name builds (kvpress_prob/grid.py)."]
+              "NAME shows one. Any valid grid name builds (kvpress_prob/names/grid.py)."]
     return lines[1:]
 
 
 def press_detail(name: str) -> list[str]:
     """``kvprob presses NAME``: the name's parts, its construction and its status line."""
-    from kvpress_prob.catalogue import FAMILIES, family_of
-    from kvpress_prob.grid import parse_name
-    from kvpress_prob.registry import CATALOGUE, PRESSES
+    from kvpress_prob.names.catalogue import FAMILIES, family_of
+    from kvpress_prob.names.grid import parse_name
+    from kvpress_prob.names.registry import CATALOGUE, PRESSES
 
     entry = CATALOGUE.get(name)
     parts = entry.parts if entry else parse_name(name)

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from evaluation.engine import Compressed, Prefill, cache_summary, generate_batch, sizing
 from evaluation.metrics import score_example
 from evaluation.store import ResultStore, record_key, shard
-from kvpress_prob.registry import get_press, is_sampling
+from kvpress_prob.names.registry import get_press, is_sampling
 
 REFERENCE = "full"
 

@@ -33,7 +33,7 @@ def tree(obj):
 
 
 def snapshot() -> dict:
-    from kvpress_prob.registry import PRESSES, get_press
+    from kvpress_prob.names.registry import PRESSES, get_press
 
     return {name: {str(r): tree(get_press(name, r)) for r in RATIOS} for name in PRESSES}
 

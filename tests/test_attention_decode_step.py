@@ -17,9 +17,10 @@ import torch.nn.functional as F
 from conftest import random_ids, tiny_model
 from transformers import DynamicCache
 
-from kvpress_prob import attention, correction
-from kvpress_prob.decoding import SamplingDecodingPress
-from kvpress_prob.press import language_model
+from kvpress_prob.correction import attention
+from kvpress_prob.correction import bias as correction
+from kvpress_prob.decoding.press import SamplingDecodingPress
+from kvpress_prob.presses.sampling import language_model
 
 
 def weighted_reference(query, key, value, weights, stored: int):

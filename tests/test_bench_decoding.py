@@ -5,7 +5,7 @@ import torch
 from kvpress import DecodingPress, SnapKVPress
 
 from evaluation.bench.decoding import build
-from kvpress_prob.decoding import SamplingDecodingPress
+from kvpress_prob.decoding.press import SamplingDecodingPress
 
 
 def test_kvpress_baseline_holds_the_target():

@@ -7,9 +7,16 @@ import pytest
 import torch
 from kvpress import KeyDiffPress
 
-from kvpress_prob.calibration import (CalibratedProposal, entropy, match_temperature, rank_weights, standardise,
-                                      window_entropy)
-from kvpress_prob.proposals import rope_queries, scores_to_weights
+from kvpress_prob.proposals.calibrated import (
+    CalibratedProposal,
+    entropy,
+    match_temperature,
+    rank_weights,
+    standardise,
+    window_entropy,
+)
+from kvpress_prob.proposals.attention import rope_queries
+from kvpress_prob.proposals.base import scores_to_weights
 from tests.conftest import random_ids, tiny_model
 
 

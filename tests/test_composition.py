@@ -24,8 +24,9 @@ from kvpress import (
 )
 from transformers import DynamicCache
 
-from kvpress_prob import correction, get_press
-from kvpress_prob.press import language_model
+from kvpress_prob import get_press
+from kvpress_prob.correction import bias as correction
+from kvpress_prob.presses.sampling import language_model
 
 N = 96
 

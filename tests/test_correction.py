@@ -7,7 +7,8 @@ import torch
 from conftest import random_ids, tiny_model
 from transformers import DynamicCache
 
-from kvpress_prob import correction, get_press
+from kvpress_prob import get_press
+from kvpress_prob.correction import bias as correction
 
 N_PREFIX = 96
 

@@ -1,4 +1,4 @@
-"""Cross-proposal hybrids and uniform random eviction (kvpress_prob/cross.py): the draw against a slow
+"""Cross-proposal hybrids and uniform random eviction (kvpress_prob/samplers/cross.py): the draw against a slow
 float64 reference, exact counts, unbiased weights, equal memory on the cache, the engine's replay against
 a real prefill, the grid's names, and clear errors."""
 
@@ -10,9 +10,10 @@ from kvpress import KVzipPress
 
 from evaluation.engine import Prefill, cache_summary, press_prefill
 from evaluation.prose.measure import bias_bytes
-from kvpress_prob.cross import CrossStratifiedSampler, PairProposal, UniformProposal
-from kvpress_prob.grid import parse_name, press_name
-from kvpress_prob.registry import get_press, is_sampling
+from kvpress_prob.samplers.cross import CrossStratifiedSampler
+from kvpress_prob.proposals.pairs import PairProposal, UniformProposal
+from kvpress_prob.names.grid import parse_name, press_name
+from kvpress_prob.names.registry import get_press, is_sampling
 from tests.conftest import random_ids, tiny_model
 
 

@@ -145,11 +145,12 @@ def test_fused_and_sdpa_routes_on_cuda_match_float64(dtype, bias_dtype, q_len):
     which CUDA's memory-efficient kernel requires: issue 25) against the float64 reference."""
     from test_fused import TOL, case, reference
 
-    from kvpress_prob import attention, fused
+    from kvpress_prob.correction import attention
+    from kvpress_prob.correction import flex
 
     query, key, value, bias = (x.cuda() for x in case(dtype, bias_dtype, q_len))
     want = reference(query.cpu(), key.cpu(), value.cpu(), bias.cpu())
-    for route in (fused.flex_corrected, attention.corrected_sdpa):
+    for route in (flex.flex_corrected, attention.corrected_sdpa):
         got = route(query, key, value, bias, None)
         assert got.dtype == dtype
         torch.testing.assert_close(got.double().cpu(), want, atol=TOL[dtype], rtol=0)
@@ -161,12 +162,13 @@ def test_a_float32_bias_decodes_in_bfloat16_on_cuda(mode):
     on either route (the SDPA route used to hand the memory-efficient kernel a float32 mask)."""
     from transformers import DynamicCache
 
-    from kvpress_prob import SamplingPress, fused
+    from kvpress_prob import SamplingPress
+    from kvpress_prob.correction import flex
 
     model = tiny_model("llama", dtype=torch.bfloat16).to("cuda")
     ids = random_ids(40).cuda()
     cache = DynamicCache()
-    fused.set_mode(mode)
+    flex.set_mode(mode)
     try:
         with torch.no_grad():
             with SamplingPress(compression_ratio=0.5, bias_dtype="float32")(model):
@@ -175,4 +177,4 @@ def test_a_float32_bias_decodes_in_bfloat16_on_cuda(mode):
                 logits = model(ids[:, t:t + 1], past_key_values=cache, position_ids=torch.tensor([[t]], device="cuda")).logits
         assert torch.isfinite(logits).all()
     finally:
-        fused.set_mode("auto")
+        flex.set_mode("auto")

@@ -10,10 +10,12 @@ from kvpress import DecodingPress, KnormPress, KVPressTextGenerationPipeline, Pr
 from transformers import DynamicCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from kvpress_prob import SamplingPress, correction, get_press
-from kvpress_prob import decode_round as rounds
-from kvpress_prob.decoding import DECODING_PRESSES, SamplingDecodingPress, get_decoding_press
-from kvpress_prob.proposals import MinVarianceProposal
+from kvpress_prob import SamplingPress, get_press
+from kvpress_prob.correction import bias as correction
+from kvpress_prob.decoding import rounds
+from kvpress_prob.names.decoding import DECODING_PRESSES, get_decoding_press
+from kvpress_prob.decoding.press import SamplingDecodingPress
+from kvpress_prob.proposals.attention import MinVarianceProposal
 from kvpress_prob.samplers import TopKSampler
 from kvpress_prob.samplers.priority import PrioritySampler
 from kvpress_prob.samplers.stratified import StratifiedSampler

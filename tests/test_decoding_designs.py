@@ -10,9 +10,10 @@ from transformers import DynamicCache
 
 from evaluation.streaming.drive import Schedule
 from evaluation.streaming.presses import equal_memory_target, stream_presses
-from kvpress_prob import correction
-from kvpress_prob import decode_round as rounds
-from kvpress_prob.decoding import SamplingDecodingPress, get_decoding_press
+from kvpress_prob.correction import bias as correction
+from kvpress_prob.decoding import rounds
+from kvpress_prob.decoding.press import SamplingDecodingPress
+from kvpress_prob.names.decoding import get_decoding_press
 from kvpress_prob.samplers.priority import PrioritySampler
 from kvpress_prob.samplers.threshold import ThresholdSampler
 

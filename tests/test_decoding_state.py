@@ -9,11 +9,13 @@ from conftest import random_ids, tiny_model
 from kvpress import DecodingPress, PrefillDecodingPress
 from transformers import DynamicCache
 
-from kvpress_prob import SamplingPress, correction
-from kvpress_prob import decode_round as rounds
-from kvpress_prob.decoding import SamplingDecodingPress, get_decoding_press
-from kvpress_prob.decoding_scorers import H2OPress
-from kvpress_prob.proposals import MinVarianceProposal
+from kvpress_prob import SamplingPress
+from kvpress_prob.correction import bias as correction
+from kvpress_prob.decoding import rounds
+from kvpress_prob.decoding.press import SamplingDecodingPress
+from kvpress_prob.names.decoding import get_decoding_press
+from kvpress_prob.decoding.scorers import H2OPress
+from kvpress_prob.proposals.attention import MinVarianceProposal
 from kvpress_prob.samplers.priority import PrioritySampler
 from kvpress_prob.samplers.threshold import ThresholdSampler
 

@@ -12,7 +12,7 @@ from evaluation.bench.decompose import kept_positions, needle_positions, surviva
 from evaluation.bench.decompose_steps import step_configs
 from evaluation.bench.decompose_report import paired_changes
 from evaluation.engine import Prefill
-from kvpress_prob.registry import get_press
+from kvpress_prob.names.registry import get_press
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,11 @@ from kvpress import ComposedPress, KnormPress, SnapKVPress, StreamingLLMPress
 from transformers import DynamicCache
 
 from evaluation.engine import Compressed, Prefill, generate_batch, plan, press_prefill, stack
-from kvpress_prob import SamplingPress, attention, correction, get_press
-from kvpress_prob.press import language_model
-from kvpress_prob.proposals import ScoreProposal
+from kvpress_prob import SamplingPress, get_press
+from kvpress_prob.correction import attention
+from kvpress_prob.correction import bias as correction
+from kvpress_prob.presses.sampling import language_model
+from kvpress_prob.proposals.base import ScoreProposal
 
 
 def dense_attention(q, keys, values, log_weights):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from kvpress_prob.registry import get_press, is_sampling
+from kvpress_prob.names.registry import get_press, is_sampling
 from kvpress_prob.samplers.block import BlockSampler
 from kvpress_prob.samplers.entropy_stratified import EntropyStratifiedSampler, entropy_alpha
 

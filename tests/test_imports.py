@@ -87,3 +87,77 @@ def test_no_import_circles():
     cycle = find_cycle(graph)
     assert cycle is None, ("import circle: " + " -> ".join(cycle)
                            + "; move the names both modules need into a module both import")
+
+
+#: kvpress_prob's layers, bottom up: a module imports only from its own layer or one of a lower rank.
+LAYERS = {"models": 0, "correction": 0, "proposals": 0, "samplers": 1, "presses": 2, "decoding": 2, "names": 3,
+          "integrations": 4}
+
+
+def layer_of(name: str) -> str:
+    """The layer of a kvpress_prob module (``kvpress_prob`` itself, the public API, sits above every one)."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else "api"
+
+
+def upward(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of ``graph`` (kvpress_prob modules) from a lower layer to a higher one, or into the API."""
+    rank = {**LAYERS, "api": len(LAYERS)}
+    return sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
+                  if b.startswith("kvpress_prob") and rank[layer_of(b)] > rank[layer_of(a)])
+
+
+def kvpress_prob_graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports(name, path, known) for name, path in known.items() if name.startswith("kvpress_prob")}
+
+
+def test_the_layer_check_sees_an_upward_import():
+    assert upward({"kvpress_prob.samplers.base": {"kvpress_prob.names.grid"}}) == [
+        "kvpress_prob.samplers.base -> kvpress_prob.names.grid"]
+    assert upward({"kvpress_prob.presses.h2o": {"kvpress_prob.correction.bias"}}) == []
+    assert upward({"kvpress_prob.proposals.base": {"kvpress_prob"}}) == ["kvpress_prob.proposals.base -> kvpress_prob"]
+
+
+def test_no_import_runs_up_a_layer_and_layers_form_no_circle():
+    graph = kvpress_prob_graph()
+    assert set(map(layer_of, graph)) == set(LAYERS) | {"api"}, "a layer is missing from LAYERS"
+    assert upward(graph) == []
+    between = {layer: set() for layer in LAYERS}
+    for a, targets in graph.items():
+        for b in targets:
+            if b.startswith("kvpress_prob") and layer_of(a) != "api" and layer_of(b) != layer_of(a):
+                between[layer_of(a)].add(layer_of(b))
+    assert find_cycle(between) is None, find_cycle(between)
+    assert not any(b.startswith("evaluation") for targets in graph.values() for b in targets)
+
+
+def test_the_package_layout():
+    """At most 6 modules at the package's top level, no module over 450 lines, and each layer's ``__init__``
+    says in one line what the layer does."""
+    package = ROOT / "kvpress_prob"
+    assert len(list(package.glob("*.py"))) <= 6
+    long = {str(p.relative_to(ROOT)): n for p in package.rglob("*.py") if (n := len(p.read_text().splitlines())) > 450}
+    assert not long, long
+    for layer in set(LAYERS) - {"models"}:
+        doc = ast.get_docstring(ast.parse((package / layer / "__init__.py").read_text()))
+        assert doc and "\n" not in doc.strip(), layer
+
+
+def test_the_public_api_is_one_import():
+    import kvpress_prob
+    from kvpress_prob import (  # noqa: F401  the line the README's quickstart documents
+        PRESSES,
+        RECOMMENDED,
+        SamplingDecodingPress,
+        SamplingPress,
+        get_decoding_press,
+        get_press,
+        load_model,
+    )
+
+    assert set(kvpress_prob.__all__) >= {"get_press", "get_decoding_press", "load_model", "RECOMMENDED", "PRESSES",
+                                         "SamplingPress", "SamplingDecodingPress", "RECOMMENDED_PROSE",
+                                         "RECOMMENDED_RETRIEVAL"}
+    assert all(hasattr(kvpress_prob, name) for name in kvpress_prob.__all__)
+    assert RECOMMENDED in PRESSES and isinstance(get_press(RECOMMENDED, 0.5), object)

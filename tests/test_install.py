@@ -41,7 +41,7 @@ def wheel(tmp_path_factory) -> Path:
 def test_wheel_holds_the_packages_license_and_typing_marker(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert "kvpress_prob/py.typed" in names
-    assert "kvpress_prob/kvpress_eval.py" in names and "evaluation/cli.py" in names
+    assert "kvpress_prob/integrations/kvpress_eval.py" in names and "evaluation/cli.py" in names
     assert "evaluation/datasets/ruler.py" in names and "evaluation/bench/__main__.py" in names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert not any(n.startswith(("tests/", "results/")) for n in names)

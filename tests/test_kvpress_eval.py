@@ -23,9 +23,9 @@ from kvpress import (
     ThinKPress,
 )
 
-from kvpress_prob.kvpress_eval import main, press_instances, register
-from kvpress_prob.press import SamplingPress
-from kvpress_prob.registry import PRESSES
+from kvpress_prob.integrations.kvpress_eval import main, press_instances, register
+from kvpress_prob.presses.sampling import SamplingPress
+from kvpress_prob.names.registry import PRESSES
 from tests.conftest import tiny_model
 
 SPECIAL_CASES = (DuoAttentionPress, DMSPress, ComposedPress, ThinKPress, DecodingPress)
@@ -101,7 +101,7 @@ def test_evaluate_py_sets_the_ratio_and_the_press_compresses(tokenizer):
 
 
 def test_launcher_registers_then_runs_evaluate(tmp_path, monkeypatch):
-    """``python -m kvpress_prob.kvpress_eval ARGS`` from an evaluation/ folder: evaluate.py finds our name."""
+    """``python -m kvpress_prob.integrations.kvpress_eval ARGS`` from an evaluation/ folder: evaluate.py finds our name."""
     (tmp_path / "evaluate_registry.py").write_text(
         "from kvpress import SnapKVPress\nPRESS_REGISTRY = {'snapkv': SnapKVPress(), 'no_press': None}\n")
     (tmp_path / "evaluate.py").write_text(
@@ -173,7 +173,7 @@ class CliEntryPoint:
 
 
 def test_launcher_runs_kvpress_evaluation_end_to_end_on_a_local_dataset(tmp_path, monkeypatch, tokenizer):
-    """``python -m kvpress_prob.kvpress_eval`` from an evaluation/ folder, on a local dataset in kvpress's
+    """``python -m kvpress_prob.integrations.kvpress_eval`` from an evaluation/ folder, on a local dataset in kvpress's
     format (columns context, question, answer_prefix, answer, max_new_tokens, task; a data_dir holding
     a test split) and a tiny model saved to disk: every question is answered by our press, which evicted
     at the ratio evaluate.py set on the registered instance, and the saved config names it."""

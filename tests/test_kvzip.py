@@ -1,13 +1,13 @@
-"""KVzip's scores under our designs (kvpress_prob/kvzip.py): equal memory on the cache, the kept set of the
+"""KVzip's scores under our designs (kvpress_prob/presses/kvzip.py): equal memory on the cache, the kept set of the
 top-k twin is KVzip's per-head top-k of its own scores, sampled designs depend on the seed, scores reused."""
 
 import pytest
 import torch
 
 from evaluation.engine import cache_summary, press_prefill
-from kvpress_prob import kvzip
-from kvpress_prob.kvzip import KVzipSampledPress
-from kvpress_prob.registry import get_press
+from kvpress_prob.presses import kvzip
+from kvpress_prob.presses.kvzip import KVzipSampledPress
+from kvpress_prob.names.registry import get_press
 from tests.conftest import random_ids, tiny_model
 
 N = 64  # context tokens of every prefill here
@@ -73,7 +73,7 @@ def test_refusals():
 
 def test_cross_kvzip_keeps_kvzip_blocks_and_a_corrected_min_h_tail(prefilled):
     from evaluation.engine import Prefill
-    from kvpress_prob.cross import CrossStratifiedSampler
+    from kvpress_prob.samplers.cross import CrossStratifiedSampler
 
     press = get_press("cross_kvzip_block8_a50", 0.5, seed=0)
     assert isinstance(press.sampler, CrossStratifiedSampler) and press.tail is not None

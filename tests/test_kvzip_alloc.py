@@ -1,4 +1,4 @@
-"""KVzip's kept set with real eviction (kvpress_prob/kvzip_alloc.py) and the honesty of kvzip's mask: on every
+"""KVzip's kept set with real eviction (kvpress_prob/presses/kvzip_alloc.py) and the honesty of kvzip's mask: on every
 later forward, kvpress's masked cache (as the harness decodes it) gives the logits of an explicit eviction of
 exactly its masked set and of a float64 reference with explicit weights; equal-memory allocations fit the bytes."""
 
@@ -8,10 +8,11 @@ import torch
 from evaluation.bench.zip_gap import dense_reference, float64_copy, masked_keep
 from evaluation.engine import Compressed, cache_summary, generate_batch, press_prefill, teacher_forced
 from evaluation.prose.measure import masks_as_bias
-from kvpress_prob import correction, kvzip
-from kvpress_prob.kvzip_alloc import KVzipAllocatedPress, allocation_keep, kvzip_keep, top_counts, widest_fit
-from kvpress_prob.press import language_model
-from kvpress_prob.registry import get_press
+from kvpress_prob.correction import bias as correction
+from kvpress_prob.presses import kvzip
+from kvpress_prob.presses.kvzip_alloc import KVzipAllocatedPress, allocation_keep, kvzip_keep, top_counts, widest_fit
+from kvpress_prob.presses.sampling import language_model
+from kvpress_prob.names.registry import get_press
 from tests.conftest import random_ids, tiny_model
 
 

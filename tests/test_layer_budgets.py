@@ -1,4 +1,4 @@
-"""Per-layer budgets while decoding at the same total (issue 28; ``kvpress_prob.layer_budgets``): the
+"""Per-layer budgets while decoding at the same total (issue 28; ``kvpress_prob.decoding.layer_budgets``): the
 allocation's arithmetic, the spread against a slow float64 loop, and on a tiny model that the layers hold
 different counts whose sum, and whose bytes measured on the cache, are those of equal budgets."""
 
@@ -11,10 +11,10 @@ from transformers import DynamicCache
 
 from evaluation.streaming.drive import Schedule, feed
 from evaluation.streaming.presses import stream_presses
-from kvpress_prob import correction
-from kvpress_prob.decoding import get_decoding_press
-from kvpress_prob.layer_budgets import LayerBudgetDecodingPress, allocate, spread
-from kvpress_prob.press import language_model
+from kvpress_prob.correction import bias as correction
+from kvpress_prob.names.decoding import get_decoding_press
+from kvpress_prob.decoding.layer_budgets import LayerBudgetDecodingPress, allocate, spread
+from kvpress_prob.presses.sampling import language_model
 
 NAME = "prob_decode_min_variance_priority_floor20_layers"
 
@@ -75,7 +75,7 @@ def test_layers_hold_the_planned_counts_at_the_total_of_equal_budgets(monkeypatc
     bounded by what the layer holds (its last target plus the 4 new tokens). A layer given all it holds keeps
     it (a skipped round, which measures nothing) and must stay on the others' round: every round's counts sum
     to 4 x 24, and the bias has one value per kept entry."""
-    from kvpress_prob import layer_budgets
+    from kvpress_prob.decoding import layer_budgets
 
     monkeypatch.setattr(layer_budgets, "spread", lambda weights, candidates: None)
     model = tiny_model("llama", layers=4)

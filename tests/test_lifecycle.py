@@ -17,8 +17,9 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from kvpress import KVzipPress
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from kvpress_prob import PRESSES, correction, get_press
-from kvpress_prob.press import language_model
+from kvpress_prob import PRESSES, get_press
+from kvpress_prob.correction import bias as correction
+from kvpress_prob.presses.sampling import language_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,7 +44,7 @@ def snapshot():
     return inits, dict(ALL_ATTENTION_FUNCTIONS.items())
 
 inits, functions = snapshot()
-import kvpress_prob, kvpress_prob.registry, kvpress_prob.kvpress_eval
+import kvpress_prob, kvpress_prob.names.registry, kvpress_prob.integrations.kvpress_eval
 after_inits, after_functions = snapshot()
 changed = [kind.__name__ for kind, init in inits.items() if after_inits[kind] is not init]
 assert not changed, f"import changed the __init__ of {changed}"

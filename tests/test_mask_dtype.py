@@ -13,9 +13,11 @@ from kvpress import PrefillDecodingPress, SnapKVPress
 from transformers import DynamicCache
 
 from evaluation.engine import Compressed, generate_batch
-from kvpress_prob import SamplingPress, attention, correction
-from kvpress_prob.decoding import SamplingDecodingPress
-from kvpress_prob.press import language_model
+from kvpress_prob import SamplingPress
+from kvpress_prob.correction import attention
+from kvpress_prob.correction import bias as correction
+from kvpress_prob.decoding.press import SamplingDecodingPress
+from kvpress_prob.presses.sampling import language_model
 
 HALF = [torch.bfloat16, torch.float16]
 
@@ -129,9 +131,9 @@ def test_a_float32_bias_beside_bfloat16_keeps_float32_precision():
     reference = dense(q[0, 0, 0], k[0, 0], v[0, 0], torch.cat([bias[0, 0].double(), torch.zeros(1, dtype=torch.float64)]))
     rounded = dense(q[0, 0, 0], k[0, 0], v[0, 0], torch.cat([bias[0, 0].bfloat16().double(), torch.zeros(1, dtype=torch.float64)]))
     ours = attention.corrected_sdpa(q, k, v, bias, None)[0, 0, 0]
-    from kvpress_prob import fused
+    from kvpress_prob.correction import flex
 
-    theirs = fused.flex_corrected(q, k, v, bias, None)[0, 0, 0]
+    theirs = flex.flex_corrected(q, k, v, bias, None)[0, 0, 0]
     assert ours.dtype == theirs.dtype == torch.bfloat16
     err_ours = (ours.double() - reference).abs().max().item()
     err_fused = (theirs.double() - reference).abs().max().item()

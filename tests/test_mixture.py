@@ -1,4 +1,4 @@
-"""Defensive mixture proposals (kvpress_prob/mixture.py): the mixture and the draw against a slow float64
+"""Defensive mixture proposals (kvpress_prob/samplers/mixture.py): the mixture and the draw against a slow float64
 reference, unbiased weights by a fixed-seed Monte Carlo check whose tolerance comes from the central
 limit theorem (and which a wrong weight fails), per-head allocation, equal memory on the cache, names, errors."""
 
@@ -9,10 +9,10 @@ import torch
 
 from evaluation.engine import cache_summary, press_prefill
 from evaluation.prose.measure import bias_bytes
-from kvpress_prob import kvzip
-from kvpress_prob.grid import parse_name, press_name
-from kvpress_prob.mixture import MixtureSampler, defensive_mixture, peak_share, rank_calibrated
-from kvpress_prob.registry import get_press
+from kvpress_prob.presses import kvzip
+from kvpress_prob.names.grid import parse_name, press_name
+from kvpress_prob.samplers.mixture import MixtureSampler, defensive_mixture, peak_share, rank_calibrated
+from kvpress_prob.names.registry import get_press
 from tests.conftest import random_ids, tiny_model
 
 

@@ -11,10 +11,10 @@ from conftest import random_ids, tiny_model
 from kvpress import ObservedAttentionPress
 
 from evaluation.engine import Prefill, hooked_prefill, plan
-from kvpress_prob import precision
-from kvpress_prob.h2o import EagerObservedAttentionPress
-from kvpress_prob.press import language_model
-from kvpress_prob.proposals import attention_mass, chunk_rows
+from kvpress_prob.proposals import precision
+from kvpress_prob.presses.h2o import EagerObservedAttentionPress
+from kvpress_prob.presses.sampling import language_model
+from kvpress_prob.proposals.attention import attention_mass, chunk_rows
 
 
 def reference_mass(queries, keys, h, scaling):

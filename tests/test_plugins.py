@@ -13,8 +13,9 @@ from evaluation.bench.fidelity import measure as fidelity
 from evaluation.engine import Prefill
 from evaluation.runner import Config, run
 from evaluation.store import ResultStore
-from kvpress_prob import SamplingPress, get_press, registry
-from kvpress_prob.proposals import Proposal
+from kvpress_prob import SamplingPress, get_press
+from kvpress_prob.names import registry
+from kvpress_prob.proposals.base import Proposal
 from kvpress_prob.samplers import Draw, Sampler
 
 

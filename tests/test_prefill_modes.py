@@ -1,4 +1,4 @@
-"""How a SamplingPress's prefill holds the cache (kvpress_prob.prefill_modes, docs/prefill-memory.md):
+"""How a SamplingPress's prefill holds the cache (kvpress_prob.presses.prefill_modes, docs/prefill-memory.md):
 per-layer cuts for a per-layer / per-head budget, and the global budget's recompute, deferred and
 offload modes."""
 
@@ -14,8 +14,8 @@ from scipy.optimize import brentq
 from transformers import DynamicCache
 
 from kvpress_prob import SamplingPress, get_press
-from kvpress_prob.press import language_model
-from kvpress_prob.prefill_modes import PREFILL_MODES
+from kvpress_prob.presses.sampling import language_model
+from kvpress_prob.presses.prefill_modes import PREFILL_MODES
 from kvpress_prob.samplers import PoissonSampler
 
 from evaluation.engine import Prefill
@@ -145,7 +145,7 @@ def test_recompute_and_offload_equal_deferred_bit_for_bit(model, name, monkeypat
     the draw and the cut ran on those copies (the cache held them), and that ``bring_back`` was called for
     every layer. The device transfer and the lower peak are checked on CUDA
     (``test_offload_lowers_the_cuda_peak_and_equals_deferred``)."""
-    import kvpress_prob.prefill_modes as modes
+    import kvpress_prob.presses.prefill_modes as modes
 
     copies, held, brought = [], [], []
 
@@ -224,7 +224,7 @@ def test_recompute_through_the_pipeline_and_generate_equals_deferred(tokenizer):
 
 def test_a_summary_press_under_recompute_equals_deferred():
     """A SummarySamplingPress draws at its own ratio r + c / n: the shared global draw is memoised per ratio."""
-    from kvpress_prob.summary import Summary, summarised
+    from kvpress_prob.presses.summary import Summary, summarised
 
     model = tiny_model("llama")
     ids = random_ids(N, seed=5)
@@ -304,7 +304,7 @@ def test_bad_mode_and_budget_are_refused_with_the_accepted_values():
 
 def test_auto_offloads_on_cuda_defers_on_a_cpu_that_holds_the_cache_and_recomputes_otherwise(monkeypatch):
     """Issue 27 item 2: the default prefill runs the model once wherever the full K+V fits."""
-    from kvpress_prob import prefill_modes
+    from kvpress_prob.presses import prefill_modes
 
     monkeypatch.setattr(prefill_modes, "host_available", lambda: 8 * 2**30)
     assert prefill_modes.resolve("auto", "cuda", 100 * 2**30) == "offload"

@@ -8,8 +8,8 @@ from transformers import DynamicCache
 
 from evaluation.engine import Prefill, plan
 from kvpress_prob import PRESSES, SamplingPress, get_press
-from kvpress_prob import correction
-from kvpress_prob.press import language_model
+from kvpress_prob.correction import bias as correction
+from kvpress_prob.presses.sampling import language_model
 from kvpress_prob.samplers import PoissonSampler, TopKSampler
 
 
@@ -245,9 +245,9 @@ def explicit_answer(model, tokenizer, press, inputs, n_tokens):
 
 
 def test_recommended_presses_are_registered_and_prose_samples():
-    from kvpress_prob.kvzip import KVzipSampledPress
-    from kvpress_prob.kvzip_alloc import KVzipAllocatedPress
-    from kvpress_prob.registry import RECOMMENDED, RECOMMENDED_PROSE, RECOMMENDED_RETRIEVAL, is_sampling
+    from kvpress_prob.presses.kvzip import KVzipSampledPress
+    from kvpress_prob.presses.kvzip_alloc import KVzipAllocatedPress
+    from kvpress_prob.names.registry import RECOMMENDED, RECOMMENDED_PROSE, RECOMMENDED_RETRIEVAL, is_sampling
 
     assert {RECOMMENDED, RECOMMENDED_PROSE, RECOMMENDED_RETRIEVAL} <= set(PRESSES)
     for name in (RECOMMENDED, RECOMMENDED_RETRIEVAL):  # top-k presses over KVzip's scores, real eviction

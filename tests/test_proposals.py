@@ -7,8 +7,9 @@ from conftest import random_ids, random_norm_gains, tiny_model
 from kvpress import KnormPress, SnapKVPress, StreamingLLMPress, TOVAPress
 from transformers import DynamicCache
 
-from kvpress_prob.proposals import H2OProposal, MinVarianceProposal, ScoreProposal, normalise, scores_to_weights
-from kvpress_prob.h2o import EagerObservedAttentionPress
+from kvpress_prob.proposals.attention import H2OProposal, MinVarianceProposal
+from kvpress_prob.proposals.base import ScoreProposal, normalise, scores_to_weights
+from kvpress_prob.presses.h2o import EagerObservedAttentionPress
 
 
 def layer_inputs(model, n=70, layer=1):

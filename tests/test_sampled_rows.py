@@ -7,7 +7,7 @@ import pytest
 import torch
 from test_proposals import eager_attention, layer_inputs, reference
 
-from kvpress_prob.proposals import MinVarianceProposal, SampledMinVarianceProposal, row_weights, segment_rows
+from kvpress_prob.proposals.attention import MinVarianceProposal, SampledMinVarianceProposal, row_weights, segment_rows
 
 K_SE = 5.0  # standard errors; with ~300 entries P(any |Z| > 5) < 300 * 5.7e-7 under the CLT
 
@@ -121,7 +121,7 @@ def test_bench_total_variation_is_zero_only_when_every_row_is_taken(model):
 
     from evaluation.bench.sampled_rows import sampled_press, total_variation
     from evaluation.engine import Prefill
-    from kvpress_prob.registry import get_press
+    from kvpress_prob.names.registry import get_press
 
     prefill = Prefill(model, random_ids(60))
     exact = get_press("prob_min_h", 0.5)

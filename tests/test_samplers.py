@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from kvpress_prob.budget import expected_kept, solve_draws
+from kvpress_prob.samplers.budget import expected_kept, solve_draws
 from kvpress_prob.samplers import PoissonSampler, TopKSampler
 from kvpress_prob.samplers.poisson import poisson_sample as sample
 

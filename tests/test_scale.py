@@ -15,9 +15,9 @@ from transformers import DynamicCache
 from evaluation.engine import Compressed, Prefill, plan, press_prefill, stack
 from evaluation.runner import Config, configurations, run
 from evaluation.store import ResultStore
-from kvpress_prob.proposals import chunk_rows
-from kvpress_prob.h2o import EagerObservedAttentionPress
-from kvpress_prob.registry import get_press
+from kvpress_prob.proposals.attention import chunk_rows
+from kvpress_prob.presses.h2o import EagerObservedAttentionPress
+from kvpress_prob.names.registry import get_press
 
 STRONGER = ["adakv_snapkv", "expected_attention", "keydiff", "lagkv", "adakv_tova"]
 

@@ -7,8 +7,9 @@ from kvpress import KeyDiffPress, TOVAPress
 from transformers import DynamicCache
 
 from evaluation.engine import Prefill
-from kvpress_prob.proposals import ScoreProposal
-from kvpress_prob.spans import SpanPress, SpanSampler, greedy_fill, pack_units, word_starts
+from kvpress_prob.proposals.base import ScoreProposal
+from kvpress_prob.presses.spans import SpanPress
+from kvpress_prob.samplers.spans import SpanSampler, greedy_fill, pack_units, word_starts
 from tests.conftest import random_ids, tiny_model
 
 

@@ -15,8 +15,9 @@ from test_press import distinct_presses
 from kvpress import KVPressTextGenerationPipeline
 from transformers import DynamicCache
 
-from kvpress_prob import PRESSES, correction, get_press, load_model
-from kvpress_prob.press import language_model
+from kvpress_prob import PRESSES, get_press, load_model
+from kvpress_prob.correction import bias as correction
+from kvpress_prob.presses.sampling import language_model
 
 N = 96
 #: one prob press per proposal family: a kvpress scorer, pi_min-h, H2O

@@ -14,7 +14,7 @@ from evaluation.store import ResultStore
 from evaluation.streaming import metrics, runner
 from evaluation.streaming.drive import Schedule, feed, full_logits
 from evaluation.streaming.presses import DETERMINISTIC
-from kvpress_prob.decoding_scorers import H2OPress, buffered_attention
+from kvpress_prob.decoding.scorers import H2OPress, buffered_attention
 
 
 def test_token_scores_match_a_hand_computation():

@@ -1,4 +1,4 @@
-"""Evicted-set summaries (kvpress_prob/summary.py) against a dense reference with explicit virtual
+"""Evicted-set summaries (kvpress_prob/presses/summary.py) against a dense reference with explicit virtual
 entries, in the pipeline, the shared-prefill runner's batch, generate and bf16."""
 
 import math
@@ -12,13 +12,15 @@ from test_runner import examples, one_and_batched
 
 from evaluation.engine import Prefill
 from evaluation.runner import configurations
-from kvpress_prob import correction, get_press
-from kvpress_prob.attention import corrected_sdpa
-from kvpress_prob.press import SamplingPress
-from kvpress_prob.proposals import ScoreProposal
+from kvpress_prob import get_press
+from kvpress_prob.correction import bias as correction
+from kvpress_prob.correction.attention import corrected_sdpa
+from kvpress_prob.presses.sampling import SamplingPress
+from kvpress_prob.proposals.base import ScoreProposal
 from kvpress_prob.samplers.threshold import ThresholdSampler
-from kvpress_prob.spans import SpanPress, SpanSampler
-from kvpress_prob.summary import Summary, SummaryPress, SummarySamplingPress, summarised
+from kvpress_prob.presses.spans import SpanPress
+from kvpress_prob.samplers.spans import SpanSampler
+from kvpress_prob.presses.summary import Summary, SummaryPress, SummarySamplingPress, summarised
 
 
 def slow_reference(query, entries, scaling):

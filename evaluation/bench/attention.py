@@ -43,8 +43,8 @@ from evaluation.engine import Prefill, teacher_forced
 from evaluation.runner import Config
 from evaluation.store import write_atomic
 from kvpress_prob import SamplingPress
-from kvpress_prob.press import language_model
-from kvpress_prob.registry import PRESSES, is_sampling
+from kvpress_prob.presses.sampling import language_model
+from kvpress_prob.names.registry import PRESSES, is_sampling
 
 
 def capture_heads(model, cache, continuation_ids: torch.Tensor, n_context: int) -> tuple[torch.Tensor, torch.Tensor]:

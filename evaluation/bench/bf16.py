@@ -75,8 +75,9 @@ def run(args) -> dict:
 
     from evaluation.datasets.ruler import generate_ruler
     from evaluation.engine import Prefill, teacher_forced
-    from kvpress_prob import correction, get_press, load_model
-    from kvpress_prob.press import language_model
+    from kvpress_prob import get_press, load_model
+    from kvpress_prob.correction import bias as correction
+    from kvpress_prob.presses.sampling import language_model
 
     if args.quick:
         args.tasks, args.presses, args.ratios, args.seeds = args.tasks[:1], ["prob_snapkv", "prob_min_h"], [0.5], [0, 1]

@@ -45,7 +45,7 @@ from evaluation.stats import mean_table, paired_table
 from evaluation.streaming.drive import Schedule
 from evaluation.streaming.presses import DETERMINISTIC, corrects, equal_memory_target
 from evaluation.store import parse_shard, shard
-from kvpress_prob.decoding import get_decoding_press
+from kvpress_prob.names.decoding import get_decoding_press
 
 KVPRESS = {"kvpress_streaming_llm": lambda: StreamingLLMPress(n_sink=4), "kvpress_tova": TOVAPress,
            "kvpress_knorm": KnormPress}
@@ -153,8 +153,8 @@ def weight_report(model, ids: torch.Tensor, prompt: int, target: int, interval: 
     """The compounded weights a corrected press leaves: teacher-forced along ``ids`` in chunks of ``interval``
     under prob_decode_attn_priority (seed 0), then per layer and KV head the sum of the weights (which
     estimates the number of tokens seen), their median and maximum, and the share above 1."""
-    from kvpress_prob import correction
-    from kvpress_prob.press import language_model
+    from kvpress_prob.correction import bias as correction
+    from kvpress_prob.presses.sampling import language_model
 
     press = get_decoding_press("prob_decode_attn_priority", target, 1, window=window)
     cache = DynamicCache()

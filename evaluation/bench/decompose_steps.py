@@ -4,7 +4,7 @@ the proposal families, the step names and the configurations of each step."""
 from __future__ import annotations
 
 from evaluation.runner import Config
-from kvpress_prob.registry import is_sampling
+from kvpress_prob.names.registry import is_sampling
 
 #: family -> (kvpress top-k press, probabilistic press with the same scores); None: no kvpress press
 FAMILIES = {

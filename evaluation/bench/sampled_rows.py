@@ -29,8 +29,8 @@ from evaluation.bench.decompose import add_split_arguments, kept_positions, load
 from evaluation.engine import Prefill
 from evaluation.stats import paired_table
 from evaluation.store import write_atomic
-from kvpress_prob.proposals import SampledMinVarianceProposal
-from kvpress_prob.registry import get_press
+from kvpress_prob.proposals.attention import SampledMinVarianceProposal
+from kvpress_prob.names.registry import get_press
 
 EXACT = "prob_min_h"
 

@@ -88,10 +88,11 @@ def honesty(model, model64, context_ids: torch.Tensor, fed_ids: torch.Tensor, ra
     explicit eviction of its masked set and the float64 dense reference; the full cache as the scale."""
     from evaluation.engine import press_prefill, teacher_forced
     from evaluation.prose.measure import masks_as_bias
-    from kvpress_prob import correction, kvzip
-    from kvpress_prob.kvzip_alloc import allocation_keep
-    from kvpress_prob.press import language_model
-    from kvpress_prob.registry import get_press
+    from kvpress_prob.correction import bias as correction
+    from kvpress_prob.presses import kvzip
+    from kvpress_prob.presses.kvzip_alloc import allocation_keep
+    from kvpress_prob.presses.sampling import language_model
+    from kvpress_prob.names.registry import get_press
 
     layers = language_model(model).layers
     n = context_ids.shape[1]
@@ -134,8 +135,8 @@ def raised(score_val: torch.Tensor, n_sink: int) -> torch.Tensor:
 def kept_sets(scores: torch.Tensor, ratio: float) -> dict[str, torch.Tensor]:
     """The (L, 1, H, n) kept set of each allocation of KVzip's scores: kvpress's (ragged), ours over layers
     (``topk_kvzip_layers``), kvpress's count per head (``topk_kvzip_head``), and the two equal-memory ones."""
-    from kvpress_prob.kvzip import KVzipSampledPress
-    from kvpress_prob.kvzip_alloc import allocation_keep
+    from kvpress_prob.presses.kvzip import KVzipSampledPress
+    from kvpress_prob.presses.kvzip_alloc import allocation_keep
 
     L, _, H, n = scores.shape
     out = {a: allocation_keep(scores, ratio, a) for a in ("ragged", "widest", "ragged_fit")}
@@ -168,7 +169,7 @@ def find(haystack: list[int], needle: list[int]) -> list[int]:
 
 def allocation(scores: torch.Tensor, ratio: float) -> dict:
     """Counts per (layer, head) of KVzip's global top (sinks raised) and of each equal-memory allocation."""
-    from kvpress_prob.kvzip_alloc import allocation_keep, widest_fit
+    from kvpress_prob.presses.kvzip_alloc import allocation_keep, widest_fit
 
     L, _, H, n = scores.shape
     rag = allocation_keep(scores, ratio, "ragged")[:, 0].sum(-1)  # (L, H)
@@ -226,8 +227,8 @@ def cases(model, tokenizer) -> list[dict]:
 def scores_of(model, context_ids: torch.Tensor) -> torch.Tensor:
     """KVzip's reconstruction scores (L, 1, H, n) of one context, through our press (kvpress's scoring pass)."""
     from evaluation.engine import press_prefill
-    from kvpress_prob import kvzip
-    from kvpress_prob.registry import get_press
+    from kvpress_prob.presses import kvzip
+    from kvpress_prob.names.registry import get_press
 
     press = get_press("topk_kvzip_layers", 0.5)
     kvzip._SCORES.clear()

@@ -19,8 +19,8 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from evaluation.engine.prefill import drop_masks
-from kvpress_prob import correction
-from kvpress_prob.press import language_model
+from kvpress_prob.correction import bias as correction
+from kvpress_prob.presses.sampling import language_model
 
 
 @dataclass

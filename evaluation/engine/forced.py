@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from kvpress_prob.press import language_model
+from kvpress_prob.presses.sampling import language_model
 
 
 @torch.no_grad()

@@ -35,10 +35,10 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from kvpress_prob import SamplingPress
-from kvpress_prob.press import language_model
-from kvpress_prob.h2o import EagerObservedAttentionPress
-from kvpress_prob.proposals import scores_read_ratio
-from kvpress_prob.spans import SpanPress
+from kvpress_prob.presses.sampling import language_model
+from kvpress_prob.presses.h2o import EagerObservedAttentionPress
+from kvpress_prob.proposals.base import scores_read_ratio
+from kvpress_prob.presses.spans import SpanPress
 
 
 @dataclass

@@ -32,7 +32,7 @@ def free_bytes(device) -> int:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
-    from kvpress_prob.prefill_modes import host_available
+    from kvpress_prob.presses.prefill_modes import host_available
 
     return host_available()
 

@@ -17,8 +17,11 @@ import torch
 from transformers import DynamicCache
 
 from evaluation.bench import common
-from kvpress_prob import attention, correction, fused, precision
-from kvpress_prob.proposals import attention_mass
+from kvpress_prob.correction import attention
+from kvpress_prob.correction import bias as correction
+from kvpress_prob.correction import flex as fused
+from kvpress_prob.proposals import precision
+from kvpress_prob.proposals.attention import attention_mass
 
 BF16_TOL = 2**-7  # bfloat16 output rounding (2^-9 of |out| <= ~2) plus its inputs'
 

@@ -85,7 +85,8 @@ def run_pytest(budget: Budget) -> dict:
 
 def main(argv=None) -> dict:
     from evaluation.gpu_check import checks, models
-    from kvpress_prob import attention, fused
+    from kvpress_prob.correction import attention
+    from kvpress_prob.correction import flex as fused
 
     args = parser().parse_args(argv)
     device = "cpu" if args.dry_run else "cuda"
@@ -171,7 +172,7 @@ def checks_copy_with_bias(cache):
 def kernel_names(checks, model, cache, implementation, mode, n, device) -> list[str]:
     import copy
 
-    from kvpress_prob import fused
+    from kvpress_prob.correction import flex as fused
 
     cache = copy.deepcopy(cache)
     previous = model.config._attn_implementation

@@ -101,7 +101,7 @@ def nonnegative_int(text: str) -> int:
 
 def check_presses(names) -> None:
     """Stop with the registry's error for a name that is neither registered nor a valid grid name."""
-    from kvpress_prob.registry import factory
+    from kvpress_prob.names.registry import factory
 
     for name in names:
         try:

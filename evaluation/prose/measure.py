@@ -21,7 +21,7 @@ from evaluation.engine import Compressed, Prefill, cache_summary, teacher_forced
 from evaluation.prose import DATASET
 from evaluation.runner import Config
 from evaluation.store import ResultStore, record_key
-from kvpress_prob import correction
+from kvpress_prob.correction import bias as correction
 
 logger = logging.getLogger("evaluation.prose")
 

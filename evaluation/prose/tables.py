@@ -16,7 +16,7 @@ from evaluation import manifest, stats
 from evaluation.aggregate import REFERENCE, win_scores
 from evaluation.report import markdown_table
 from evaluation.store import load_folders, results_files
-from kvpress_prob.registry import is_sampling
+from kvpress_prob.names.registry import is_sampling
 
 VALUES = ("kl", "nll_delta")
 NOCORR = "_nocorr"

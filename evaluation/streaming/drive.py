@@ -112,8 +112,8 @@ def feed(model, ids: torch.Tensor, schedule: Schedule, press=None,
 
 def biases(model, cache) -> list[torch.Tensor]:
     """The correction biases a kvpress_prob press keeps on ``cache`` beside its keys and values, one per
-    layer that has one (``kvpress_prob.correction.bias_of``)."""
-    from kvpress_prob.correction import bias_of
+    layer that has one (``kvpress_prob.correction.bias.bias_of``)."""
+    from kvpress_prob.correction.bias import bias_of
 
     found = (bias_of(layer.self_attn, cache) for layer in model.model.layers)
     return [b for b in found if b is not None]

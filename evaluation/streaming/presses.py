@@ -7,7 +7,7 @@ public constructor:
 - ``knorm``, ``snapkv``, ``tova``, ``keydiff``: kvpress's scorers. SnapKV's observation window is the
   largest the buffer allows: min(64, chunk, interval - 1) queries (its scores need more buffered queries
   than the window, and its RoPE the window's positions, which are the current forward's);
-- ``h2o``: accumulated attention (``kvpress_prob.decoding_scorers.H2OPress``), half the budget heavy
+- ``h2o``: accumulated attention (``kvpress_prob.decoding.scorers.H2OPress``), half the budget heavy
   hitters and half recent entries, as in the H2O paper;
 - ``streaming_llm``: 4 sinks and the most recent entries in positional order (``SinkWindowPress``);
 - ``kvpress_streaming_llm``: kvpress's ``StreamingLLMPress`` (4 sinks) as it runs under DecodingPress,
@@ -33,7 +33,7 @@ import torch
 from kvpress import DecodingPress, KeyDiffPress, KnormPress, SnapKVPress, StreamingLLMPress, TOVAPress
 
 from evaluation.streaming.drive import Schedule
-from kvpress_prob.decoding_scorers import H2OPress, SinkWindowPress
+from kvpress_prob.decoding.scorers import H2OPress, SinkWindowPress
 
 N_SINK = 4
 
@@ -67,9 +67,9 @@ BASELINES = ("knorm", "snapkv", "tova", "keydiff", "h2o", "streaming_llm")
 
 def stream_presses() -> dict[str, Callable[[Schedule, int, int], object]]:
     """Every name a stream runs under: the ones above, then the decoding presses of
-    ``kvpress_prob.decoding.DECODING_PRESSES`` (their ``decode_*`` top-k designs and the sampled
+    ``kvpress_prob.names.decoding.DECODING_PRESSES`` (their ``decode_*`` top-k designs and the sampled
     ``prob_decode_*`` with their ``_nocorr`` twins)."""
-    from kvpress_prob.decoding import DECODING_PRESSES
+    from kvpress_prob.names.decoding import DECODING_PRESSES
 
     return dict(DETERMINISTIC) | {name: _ours(name, factory) for name, factory in DECODING_PRESSES.items()}
 

@@ -43,9 +43,9 @@ class Watch:
         self.budget = budget
 
     def hook(self, module, args, kwargs, output):
-        from kvpress_prob import correction
-        from kvpress_prob import decode_round as rounds
-        from kvpress_prob.proposals import rope_queries
+        from kvpress_prob.correction import bias as correction
+        from kvpress_prob.decoding import rounds
+        from kvpress_prob.proposals.attention import rope_queries
 
         layer = module.layer_idx
         hidden = kwargs["hidden_states"]
@@ -94,7 +94,7 @@ class Watch:
 def watch_stream(model, ids, press, schedule, rounds_wanted, state: dict | None = None) -> list[dict]:
     """Feed ``ids`` by ``schedule`` under ``press`` (None: full cache; then "rounds" count intervals).
     ``state``, if given, receives the final "positions" (layer -> (H_kv, n)) and "cache"."""
-    from kvpress_prob import decode_round as rounds
+    from kvpress_prob.decoding import rounds
     from evaluation.streaming.drive import feed
 
     watch = Watch(model, rounds_wanted, schedule.chunk, schedule.budget)

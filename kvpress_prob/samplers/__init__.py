@@ -1,5 +1,4 @@
-"""Sampling designs of ``SamplingPress``: each maps proposals and a budget to a kept mask and
-log-weights. A new design is one ``Sampler`` subclass in one module here plus one registry line."""
+"""The sampling designs: each maps proposals and a budget to a kept mask and log-weights."""
 
 from kvpress_prob.samplers.base import Draw, Sampler
 from kvpress_prob.samplers.poisson import PoissonSampler

@@ -1,8 +1,8 @@
 """What every sampling design shares: the ``Draw`` it returns and the ``Sampler`` interface.
 
 A sampler maps the proposals of every layer, pi (L, b, H, n), and the budget (the compression
-ratio and its scope) to the kept mask and the log-weights of the kept entries (docs/method.md,
-"Sampling designs"). Every design's weights make sum_kept w_i e^{s_i} v_i unbiased for the full
+ratio and its scope) to the kept mask and the log-weights of the kept entries. Every design's
+weights make sum_kept w_i e^{s_i} v_i unbiased for the full
 prefix sum (E[w_i 1{i kept}] = 1), so the decode-time correction is the same for all of them.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvpress_prob.budget import SCOPES
+from kvpress_prob.samplers.budget import SCOPES
 
 
 @dataclass

@@ -25,8 +25,7 @@ class BlockSampler(Sampler):
     E[w_i 1{i kept}] = 1 still holds for every position and the correction is unchanged. A token
     that only makes sense with its neighbours (one digit of a number that the tokenizer splits
     digit by digit) then survives or dies with them, where independent designs keep each digit
-    with its own probability and a whole number only with their product (docs/method.md,
-    "Sampling designs").
+    with its own probability and a whole number only with their product.
 
     The budget in blocks is (1 - r) times the block count, per head. A random inner that keeps a
     whole count (priority sampling, a priority hybrid) would round it down and spend up to a block

@@ -1,5 +1,5 @@
 """Stratified hybrids whose exact fraction follows each head's entropy: top-k where the proposal is
-peaked, sampling with correction where it is diffuse (docs/entropy-hybrid.md)."""
+peaked, sampling with correction where it is diffuse."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvpress_prob.budget import solve_threshold
-from kvpress_prob.calibration import entropy
+from kvpress_prob.samplers.budget import solve_threshold
+from kvpress_prob.proposals.calibrated import entropy
 from kvpress_prob.samplers.base import renormalise
 from kvpress_prob.samplers.stratified import StratifiedSampler
 
@@ -17,7 +17,7 @@ def entropy_alpha(pi: torch.Tensor, allocation: torch.Tensor) -> torch.Tensor:
     """The exact fraction of each head from the entropy of its proposal: (L, b, H) in [0, 1].
 
     pi (L, b, H, n) sums to 1 per head over its units (positions, or blocks under ``BlockSampler``);
-    allocation (L, b, H) is the head's budget k_h in units. Two steps (docs/entropy-hybrid.md, "The map"):
+    allocation (L, b, H) is the head's budget k_h in units. Two steps:
 
     1. The sure units: those that threshold (pi-ps) sampling of k_h units would keep with probability 1,
        c_h pi_i >= 1. Every design keeps them with weight 1; they are exact whatever the head's entropy.

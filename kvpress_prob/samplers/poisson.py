@@ -1,10 +1,10 @@
-"""Poisson draws with replacement: the paper's design (docs/method.md, "Draws and weights").
+"""Poisson draws with replacement: the paper's design.
 
 Counts c_i ~ Poisson(m pi_i) independently. This is the paper's m i.i.d. draws with replacement
 with a Poisson(m) total instead of a fixed one (given the total, the counts are multinomial); it
 takes O(n) per head however large m is, and the SNIS estimate does not depend on the total. Entry
 i is kept with probability q_i = 1 - exp(-m pi_i); m is solved for the budget by
-``kvpress_prob.budget.solve_draws``. A kept entry's weight is c_i / (m pi_i) (E = 1), or with
+``kvpress_prob.samplers.budget.solve_draws``. A kept entry's weight is c_i / (m pi_i) (E = 1), or with
 ``inclusion_weights`` the Horvitz-Thompson 1 / q_i = E[c_i / (m pi_i) | c_i > 0].
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvpress_prob.budget import expected_kept, inclusion_probability, scope_target, solve_draws
+from kvpress_prob.samplers.budget import expected_kept, inclusion_probability, scope_target, solve_draws
 from kvpress_prob.samplers.base import Draw, Sampler, exact_top, head_target, renormalise
 
 

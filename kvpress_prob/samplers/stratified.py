@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvpress_prob.budget import solve_threshold, threshold_inclusion
+from kvpress_prob.samplers.budget import solve_threshold, threshold_inclusion
 from kvpress_prob.samplers.base import Draw, exact_top
 from kvpress_prob.samplers.poisson import summarise_scale
 from kvpress_prob.samplers.priority import priority_draw

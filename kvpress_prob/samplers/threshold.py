@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvpress_prob.budget import scope_target, solve_threshold, threshold_inclusion
+from kvpress_prob.samplers.budget import scope_target, solve_threshold, threshold_inclusion
 from kvpress_prob.samplers.base import Draw, Sampler, head_target, whole_counts
 
 
@@ -17,7 +17,7 @@ class ThresholdSampler(Sampler):
     count meets the budget over its scope, and a kept entry weighs 1 / q_i (Horvitz-Thompson), so
     entries with pi_i >= 1 / c are kept surely with weight 1. Among fixed-expected-size designs with
     Horvitz-Thompson weights it minimises the variance of a total proportional to pi
-    (docs/method.md, "Sampling designs").
+   .
 
     Parameters
     ----------

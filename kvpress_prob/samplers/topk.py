@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvpress_prob.budget import expected_kept, scope_target, solve_draws
+from kvpress_prob.samplers.budget import expected_kept, scope_target, solve_draws
 from kvpress_prob.samplers.base import Draw, Sampler, head_target, top_by_rank, whole_counts
 
 
@@ -19,7 +19,7 @@ class TopKSampler(Sampler):
     ``whole_counts`` (the scope keeps the floor of its budget in all). With ``budget="head"`` every
     head keeps int((1 - r) n), exactly kvpress's ``ScorerPress`` count, so the same scores keep
     kvpress's set. Under ``layer`` and ``global`` it isolates the allocation from the sampling
-    (docs/method.md, "Decomposition"). No parameters.
+   . No parameters.
     """
 
     def __post_init__(self):

@@ -1,4 +1,4 @@
-# The recall development sweep, second part: KVzip's scores at equal memory and sampled (kvpress_prob/kvzip.py),
+# The recall development sweep, second part: KVzip's scores at equal memory and sampled (kvpress_prob/presses/kvzip.py),
 # on the first 12 of the 18 windows of run-dev.sh (compute), into the same folder. Resumable.
 PYTHONPATH=$PWD /work/main/.venv/bin/python -m evaluation recall run --split dev \
     --presses cross_kvzip_block8_a50 cross_kvzip_block8_a75 topk_kvzip_head prob_kvzip_priority_head hybrid_kvzip_block8_a50 \

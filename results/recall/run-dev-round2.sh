@@ -1,4 +1,4 @@
-# Recall development split, round 2 (issue 26): defensive-mixture designs (kvpress_prob/mixture.py) on the same
+# Recall development split, round 2 (issue 26): defensive-mixture designs (kvpress_prob/samplers/mixture.py) on the same
 # 12 windows as run-dev-kvzip.sh / run-dev-layers.sh. Resumable; run in chunks of at most 8 minutes:
 #   PRESSES="..." RATIOS="0.75" SEEDS="0" sh results/recall/run-dev-round2.sh
 PYTHONPATH=$PWD /work/main/.venv/bin/python -m evaluation recall run --split dev \

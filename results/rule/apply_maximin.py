@@ -16,7 +16,7 @@ import pandas as pd
 
 from evaluation.maximin import intervals, maximin, picks
 from evaluation.report import markdown_table
-from kvpress_prob.registry import is_sampling
+from kvpress_prob.names.registry import is_sampling
 
 
 def frame(dirs):

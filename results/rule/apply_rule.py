@@ -9,7 +9,7 @@ import pandas as pd
 
 from evaluation.aggregate import win_scores
 from evaluation.report import markdown_table
-from kvpress_prob.registry import is_sampling
+from kvpress_prob.names.registry import is_sampling
 
 RATIOS = (0.5, 0.75)
 

@@ -1,5 +1,5 @@
 """Round 2 of issue 26: what a press keeps, per layer and head, on development contexts, and the per-head
-statistics of the allocation design (kvpress_prob/mixture.py).
+statistics of the allocation design (kvpress_prob/samplers/mixture.py).
 
 For each RULER dev example (data seed 0, 1024 tokens, the dev tasks; NIAH needles only) and each recall dev
 window (the first ones of the recall split's order) and each press and ratio, the kept mask of every layer
@@ -28,8 +28,8 @@ from kvpress import KVPressTextGenerationPipeline
 from evaluation.bench.decompose import needle_positions
 from evaluation.engine import press_prefill
 from kvpress_prob import get_press, load_model
-from kvpress_prob.mixture import peak_share
-from kvpress_prob.press import SamplingPress
+from kvpress_prob.samplers.mixture import peak_share
+from kvpress_prob.presses.sampling import SamplingPress
 
 TASKS = ["niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_2", "niah_multikey_3", "niah_multivalue",
          "niah_multiquery", "fwe"]

@@ -26,7 +26,7 @@ from evaluation.continuation import kl_per_position  # noqa: F401  (also this mo
 from evaluation.engine import Prefill, cache_summary, teacher_forced
 from evaluation.runner import Config
 from evaluation.store import ResultStore
-from kvpress_prob.registry import PRESSES
+from kvpress_prob.names.registry import PRESSES
 
 logger = logging.getLogger("evaluation.bench.fidelity")
 

@@ -10,7 +10,7 @@ Methods (k = n / 2 kept):
 - opt_now: the subset of size k with the least error at q_t (brute force over all C(n, k));
 - opt_later: the subset of size k with the least mean error over the later queries (brute force);
 - topk: the k largest p_t = p(q_t);
-- sample: Poisson counts c_i ~ Poisson(m p_t,i) with m from ``kvpress_prob.budget.solve_draws`` so
+- sample: Poisson counts c_i ~ Poisson(m p_t,i) with m from ``kvpress_prob.samplers.budget.solve_draws`` so
   that the expected kept count is k (``kvpress_prob.samplers.poisson.poisson_sample``), kept = c > 0, plain
   renormalisation; sample+SNIS: the same draws with weights c_i / (m p_t,i) (the paper's SNIS);
   sample+SNIS-HT (beyond the paper, ``inclusion_weights=True``): the same kept sets with weights
@@ -22,7 +22,7 @@ Relative error = mean error of the method / mean error of the optimum for the sa
 median of the ratio is reported too.
 
 The instances are synthetic (no model), so ``evaluation.engine`` does not apply; the draws are
-``kvpress_prob.samplers.poisson.poisson_sample`` with m from ``kvpress_prob.budget.solve_draws``.
+``kvpress_prob.samplers.poisson.poisson_sample`` with m from ``kvpress_prob.samplers.budget.solve_draws``.
 
 Modules: ``measure`` (instances, brute force, draws), ``report`` (tables, plot), ``cli``.
 """

@@ -90,7 +90,7 @@ def sample_weights(p_t: np.ndarray, k: int, draws: int, seed: int, inclusion_wei
 
     Returns (kept (draws, n) 0/1, SNIS weights (draws, n): c_i / (m pi_i) on kept, 0 elsewhere;
     1 / q_i instead with ``inclusion_weights``). The same seed gives the same kept sets either way."""
-    from kvpress_prob.budget import solve_draws
+    from kvpress_prob.samplers.budget import solve_draws
     from kvpress_prob.samplers.poisson import poisson_sample
 
     pi = torch.as_tensor(p_t, dtype=torch.float64)[None, None, None, :]  # (L=1, b=1, H=1, n)

@@ -31,9 +31,9 @@ from kvpress import DecodingPress, KnormPress, SnapKVPress, TOVAPress
 from transformers import DynamicCache
 
 from evaluation.bench import common
-from kvpress_prob import correction
-from kvpress_prob.decoding import get_decoding_press
-from kvpress_prob.press import language_model
+from kvpress_prob.correction import bias as correction
+from kvpress_prob.names.decoding import get_decoding_press
+from kvpress_prob.presses.sampling import language_model
 
 OURS = ["decode_knorm_topk", "decode_tova_topk", "prob_decode_attn_priority", "prob_decode_attn_priority_nocorr",
         "prob_decode_tova_priority", "prob_decode_tova_priority_nocorr"]
@@ -115,7 +115,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", default="results/bench")
     parser.add_argument("--model", default=None)
     parser.add_argument("--ours", nargs="*", default=[], metavar="NAME",
-                        help="more decoding presses (kvpress_prob.decoding names), each with its _nocorr twin if it has "
+                        help="more decoding presses (kvpress_prob.decoding.press names), each with its _nocorr twin if it has "
                              "one: ratios corrected / uncorrected and over kvpress DecodingPress(SnapKVPress)")
     return parser
 
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     model, tokenizer = common.load(args.model)
     ids = common.context_ids(tokenizer, args.length, device=model.device)
     tokens = torch.randint(100, 10000, (args.steps,), generator=torch.Generator().manual_seed(0)).to(model.device)
-    from kvpress_prob.decoding import DECODING_PRESSES
+    from kvpress_prob.names.decoding import DECODING_PRESSES
 
     extra = [v for name in args.ours for v in (name, name + "_nocorr") if v in DECODING_PRESSES and v not in OURS]
     variants = ["full cache", *KVPRESS, *OURS, *dict.fromkeys(extra)]

@@ -12,8 +12,8 @@ from transformers import DynamicCache
 from evaluation.bench import common
 from evaluation.engine import Prefill, press_prefill
 from evaluation.runner import REFERENCE, Config
-from kvpress_prob import correction
-from kvpress_prob.press import language_model
+from kvpress_prob.correction import bias as correction
+from kvpress_prob.presses.sampling import language_model
 
 PREFILL_PRESSES = [REFERENCE, "snapkv", "prob_snapkv", "knorm", "prob_knorm", "prob_min", "prob_min_h"]  # the default of --presses
 PEAK_PRESSES = [REFERENCE, "snapkv", "prob_snapkv", "prob_min_h"]

@@ -1,5 +1,5 @@
 # Issue 26, "why kvzip's mask beats its equal-memory twin": KVzip's kept set with real eviction
-# (kvpress_prob/kvzip_alloc.py) on the 8 RULER dev examples of results/dev/regime-ruler-1024 (same data seed,
+# (kvpress_prob/presses/kvzip_alloc.py) on the 8 RULER dev examples of results/dev/regime-ruler-1024 (same data seed,
 # length, tasks and settings; kvzip, topk_kvzip_layers and topk_kvzip_head are that folder's). Resumable.
 PYTHONPATH=$PWD /work/main/.venv/bin/python -m evaluation run --context-length 1024 --data-seed 0 --n-examples 8 \
   --tasks niah_single_1 niah_single_2 niah_single_3 niah_multikey_2 niah_multikey_3 niah_multivalue niah_multiquery fwe \

@@ -3,7 +3,7 @@
 # Before the change corrected_sdpa took 78 us (same machine, 19:20 UTC); after, the output in mask_micro.txt.
 import time, torch, torch.nn.functional as F
 torch.set_num_threads(1)
-from kvpress_prob.attention import corrected_sdpa
+from kvpress_prob.correction.attention import corrected_sdpa
 b,hq,hkv,d,S,new = 1,9,3,64,512,16
 q=torch.randn(b,hq,1,d); k=torch.randn(b,hkv,S+new,d); v=torch.randn(b,hkv,S+new,d); bias=torch.randn(b,hkv,S)
 def t(f, n=3000):

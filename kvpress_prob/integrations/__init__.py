@@ -1,0 +1,1 @@
+"""Integrations with other tools: kvpress's evaluate.py."""

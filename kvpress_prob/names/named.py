@@ -1,0 +1,60 @@
+"""Presses outside the name grammar of ``kvpress_prob.names.grid``: name -> factory of the compression ratio.
+
+- ``KVZIP_ALLOCATIONS``: KVzip's scores under an allocation over layers and heads (``presses.kvzip_alloc``),
+  ``topk_kvzip_<allocation>``.
+- ``ENTROPY_HYBRIDS`` (not shipped; built by name): each head's exact fraction alpha_h follows the entropy of its
+  own proposal (``samplers.entropy_stratified``); the rest is priority-sampled with correction. pi_min-h under the
+  global budget of prob_min_h (positions, or blocks of 8); KeyDiff softmax-calibrated to the window attention's
+  entropy (the proposal of ``prob_keydiff_block8_priority_ent``, not the grid's plain ``keydiff``) and TOVA over
+  blocks of 8 with a per-head budget. Each has a ``_nocorr`` twin.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+from kvpress import KeyDiffPress, TOVAPress
+
+from kvpress_prob.proposals.calibrated import CalibratedProposal
+from kvpress_prob.presses.kvzip_alloc import ALLOCATIONS, KVzipAllocatedPress
+from kvpress_prob.presses.sampling import SamplingPress
+from kvpress_prob.proposals.attention import MinVarianceProposal
+from kvpress_prob.proposals.base import ScoreProposal
+from kvpress_prob.samplers.block import BlockSampler
+from kvpress_prob.samplers.entropy_stratified import EntropyStratifiedSampler
+
+
+def _press(proposal: Callable, sampler: Callable, **fields) -> Callable[[float], SamplingPress]:
+    return lambda ratio: SamplingPress(proposal=proposal(), sampler=sampler(), compression_ratio=ratio, **fields)
+
+
+def _blocks() -> BlockSampler:
+    return BlockSampler(size=8, inner=EntropyStratifiedSampler())
+
+
+def _min_h() -> MinVarianceProposal:
+    return MinVarianceProposal(harmonic=True)
+
+
+_ENTROPY: dict[str, Callable[[float], SamplingPress]] = {
+    "prob_min_h_ent_alpha": _press(_min_h, EntropyStratifiedSampler),
+    "prob_min_h_block8_ent_alpha": _press(_min_h, _blocks),
+    "hybrid_keydiff_block8_ent_alpha": _press(lambda: CalibratedProposal(scorer=KeyDiffPress(), calibration="entropy"),
+                                              _blocks, budget="head"),
+    "hybrid_tova_block8_ent_alpha": _press(lambda: ScoreProposal(scorer=TOVAPress()), _blocks, budget="head"),
+}
+
+#: name -> factory of the compression ratio (with the ``_nocorr`` twins).
+ENTROPY_HYBRIDS: dict[str, Callable[[float], SamplingPress]] = {
+    **_ENTROPY,
+    **{f"{name}_nocorr": (lambda ratio, make=make: replace(make(ratio), correct=False)) for name, make in _ENTROPY.items()},
+}
+
+#: KVzip's allocations as named presses: name -> factory of the ratio.
+KVZIP_ALLOCATIONS: dict[str, Callable[[float], KVzipAllocatedPress]] = {
+    f"topk_kvzip_{a}": (lambda ratio, a=a: KVzipAllocatedPress(compression_ratio=ratio, allocation=a))
+    for a in ALLOCATIONS}
+
+#: Every named press of this module.
+NAMED: dict[str, Callable[[float], SamplingPress | KVzipAllocatedPress]] = {**KVZIP_ALLOCATIONS, **ENTROPY_HYBRIDS}

@@ -1,0 +1,177 @@
+"""KVzip's scores under our budgets and designs: an equal-memory KVzip and sampling from its scores.
+
+kvpress's ``KVzipPress`` (Kim et al., "KVzip: Query-Agnostic KV Cache Compression with Context
+Reconstruction", 2025) scores each cached entry by the largest attention it receives while the model
+is asked to repeat the context, then masks the lowest-scored entries over all layers and heads: it
+frees nothing (the masked entries stay in the cache) and its layers keep different counts.
+``KVzipSampledPress`` keeps kvpress's scoring pass and replaces the masking by a real eviction through
+``SamplingPress.evict``: the scores, shifted to be non-negative and mixed with a uniform floor, are the
+proposal pi of each layer, and the ``sampler`` under ``budget`` chooses what is kept (``TopKSampler``
+with a per-head budget: kvpress's per-head count, the equal-memory twin of ``kvzip``;
+``PrioritySampler``: sampled, with the SNIS correction; a ``StratifiedSampler`` in a ``BlockSampler``:
+exact blocks plus a sampled rest). With a ``tail`` proposal (pi_min-h), computed in the prefill's own
+hooks, and a ``CrossStratifiedSampler``, KVzip's top blocks are the exact set and the rest is sampled
+from the tail proposal with its correction (``cross_kvzip_block8_a<pct>``).
+
+The reconstruction passes cost two to three prefills. Their scores depend on the model and the context
+only, so they are kept for the last ``SCORE_CACHE`` contexts (keyed by the model and the token ids)
+and every ratio and seed of one context reuses them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from kvpress import KVzipPress
+
+from kvpress_prob.samplers.cross import CrossStratifiedSampler
+from kvpress_prob.proposals.pairs import UniformProposal
+from kvpress_prob.proposals.base import Proposal
+from kvpress_prob.presses.sampling import SamplingPress, language_model
+from kvpress_prob.samplers import Sampler, TopKSampler
+
+SCORE_CACHE = 4
+_SCORES: OrderedDict = OrderedDict()  # (id(model), sha256 of the context ids, n_sink, chunk, plus) -> score_val
+
+
+def _key(press: KVzipPress, model) -> tuple:
+    ids = press._context_ids.detach().to("cpu").numpy().tobytes()
+    return (id(model), hashlib.sha256(ids).hexdigest(), press.n_sink, press.chunk_size, press.kvzip_plus_normalization)
+
+
+@dataclass
+class KVzipSampledPress(KVzipPress):
+    """KVzip's reconstruction scores, kept by one of our designs with real eviction (see the module).
+
+    Parameters
+    ----------
+    compression_ratio : float, default 0.0
+        Fraction of the cache evicted, in [0, 1).
+    sampler : Sampler, default TopKSampler()
+        The design choosing the kept entries from pi.
+    budget : {"global", "layer", "head"}, default "head"
+        The budget's scope (``SamplingPress``); "head" keeps kvpress's count in every head.
+    seed : int, default 0
+        Seed of a random design.
+    correct : bool, default True
+        Install the SNIS correction of a random design (a top-k design keeps weight 1 everywhere).
+    floor : float, default 0.01
+        Mass of the uniform component mixed into pi (every entry can be drawn).
+    layers : bool, default False
+        KVzip's allocation over layers: each layer keeps, in every head, its share of the global top
+        (1 - r) L H n entries of KVzip's scores divided by its H heads (rounded down), so the layers
+        differ and the heads of a layer do not (no padding; at most kvpress's bytes). False: the
+        ``budget`` scope over the draw.
+    tail : Proposal or None, default None
+        A second proposal computed from the prefill (``MinVarianceProposal(harmonic=True)``): pi is then
+        (b, H, 2, n), KVzip's row first, for a ``CrossStratifiedSampler`` (required with it).
+    n_sink, chunk_size, kvzip_plus_normalization, layerwise : kvpress ``KVzipPress``'s (``layerwise``
+        is unused: the budget says how the layers share it).
+    """
+
+    sampler: Sampler = field(default_factory=TopKSampler)
+    budget: str = "head"
+    seed: int = 0
+    correct: bool = True
+    floor: float = 0.01
+    layers: bool = False
+    tail: Proposal | None = None
+
+    def __post_init__(self):
+        if not 0.0 <= self.floor < 1.0:
+            raise ValueError(f"floor must be in [0, 1), got {self.floor}")
+        if (self.tail is not None) != isinstance(self.sampler, CrossStratifiedSampler):
+            raise ValueError("tail (a Proposal) and a CrossStratifiedSampler sampler go together")
+        self._tails: dict[int, torch.Tensor] = {}
+        self.evictor()  # checks the ratio, budget and sampler now
+        super().__post_init__()
+
+    def evictor(self, compression_ratio: float | None = None) -> SamplingPress:
+        """The SamplingPress that evicts (its proposal is unused: pi comes from KVzip's scores)."""
+        ratio = self.compression_ratio if compression_ratio is None else compression_ratio
+        return SamplingPress(proposal=UniformProposal(), sampler=self.sampler, compression_ratio=ratio,
+                             budget="head" if self.layers else self.budget, seed=self.seed, correct=self.correct)
+
+    def layer_counts(self, scores: torch.Tensor) -> list[int]:
+        """Per layer, the entries each head keeps under KVzip's allocation (``layers``): the layer's share of
+        the global top (1 - r) L H n of ``scores`` (L, b, H, n), divided by H and rounded down (at least 1)."""
+        L, b, H, n = scores.shape
+        total = int((1.0 - self.compression_ratio) * L * b * H * n + 1e-6)
+        flat = scores.reshape(-1)
+        top = flat.topk(total).indices if total > 0 else flat.new_zeros(0, dtype=torch.long)
+        per_layer = torch.bincount(top // (b * H * n), minlength=L)
+        return [max(1, min(n, int(c) // (b * H))) for c in per_layer]
+
+    @contextmanager
+    def __call__(self, model):
+        """kvpress KVzip's context; with a ``tail``, its proposal is computed at each layer of the prefill."""
+        self._tails = {}
+        handles = []
+        if self.tail is not None:
+            handles = [layer.self_attn.register_forward_hook(self._tail_hook, with_kwargs=True)
+                       for layer in language_model(model).layers]
+        try:
+            with super().__call__(model):
+                yield
+        finally:
+            for handle in handles:
+                handle.remove()
+            self._tails = {}
+
+    @torch.no_grad()
+    def _tail_hook(self, module, args, kwargs, output):
+        if module.layer_idx in self._tails:  # a reconstruction pass: the prefill's proposal is kept
+            return output
+        layer = kwargs["past_key_values"].layers[module.layer_idx]
+        self._tails[module.layer_idx] = self.tail(module, kwargs["hidden_states"], layer.keys, layer.values, kwargs)
+        return output
+
+    def _perform_kvzip_compression(self, model, tokenizer):
+        key = _key(self, model)
+        if key in _SCORES:
+            _SCORES.move_to_end(key)
+            self.context_length = self._context_ids.shape[1]
+            self.score_val = _SCORES[key].clone()
+            self.compress_post(model)
+            return
+        super()._perform_kvzip_compression(model, tokenizer)
+
+    def remember(self, model) -> None:
+        """Keep this context's scores for later ratios and seeds (the last ``SCORE_CACHE`` contexts)."""
+        _SCORES[_key(self, model)] = self.score_val.clone()
+        while len(_SCORES) > SCORE_CACHE:
+            _SCORES.popitem(last=False)
+
+    def pinned_scores(self) -> torch.Tensor:
+        """KVzip's scores (L, b, H, n) in float32, the sinks above every other entry (never evicted)."""
+        scores = self.score_val.float().clone()
+        scores[..., : self.n_sink] = scores.amax() + 1.0
+        return scores
+
+    @torch.no_grad()
+    def compress_post(self, model):
+        """Store the scores for later ratios and seeds, then evict through ``SamplingPress.evict``."""
+        self.remember(model)
+        if self.compression_ratio == 0:
+            return
+        scores = self.pinned_scores()  # (L, b, H, n)
+        w = scores - scores.amin(dim=-1, keepdim=True)
+        w = torch.where(w.sum(-1, keepdim=True) > 0, w, torch.ones_like(w))
+        pi = (1 - self.floor) * w / w.sum(-1, keepdim=True) + self.floor / w.shape[-1]
+        modules = [layer.self_attn for layer in language_model(model).layers]
+        if self.tail is not None:  # (L, b, H, 2, n): KVzip's row chooses the exact set
+            pi = torch.stack([pi, torch.stack([self._tails[m.layer_idx].to(pi.device).float() for m in modules])], dim=3)
+        if not self.layers:
+            self.evictor().evict(self._cache, {m: pi[m.layer_idx].to(self._cache.layers[m.layer_idx].keys.device)
+                                                for m in modules})
+            return
+        n = scores.shape[-1]
+        for m, k in zip(modules, self.layer_counts(scores)):
+            self.evictor(1.0 - k / n).evict(self._cache, {m: pi[m.layer_idx].to(self._cache.layers[m.layer_idx].keys.device)})
+
+
+__all__ = ["KVzipSampledPress", "SCORE_CACHE"]

@@ -1,0 +1,60 @@
+"""Every named prefill press keeps the entries it kept when tests/data/kept-7ab10c4.json was recorded.
+
+The snapshot (tests/kept_snapshot.py, its docstring says how) holds, for every name of the catalogue at
+commit 7ab10c4 and every prefill press named under results/, the kept set of each head of each layer at
+r = 0.25, 0.5 and 0.75 on a tiny random float32 Llama, seed 0. Here each is recomputed and compared head by
+head, except the heads recorded as tied (their kept set changed under a 1e-3 perturbation of the weights,
+so rounding decides them). kvpress's ``h2o`` runs on eager attention (recorded). The names that did not
+build at that commit must still be refused.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests import kept_snapshot as ks
+
+SNAPSHOT = json.loads((Path(__file__).resolve().parent / "data" / "kept-7ab10c4.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def models():
+    torch.set_num_threads(1)
+    return {"sdpa": ks.tiny("sdpa"), "eager": ks.tiny("eager")}, ks.ids()
+
+
+def test_the_snapshot_covers_the_catalogue_and_the_records():
+    assert SNAPSHOT["n"] == ks.N and not SNAPSHOT["failed"]
+    assert len(SNAPSHOT["presses"]) >= 180
+    # every prefill press named in a record or manifest is either recorded or recorded as refused
+    assert {n for n in ks.record_names() if n != "full" and not n.startswith(("decode_", "prob_decode_"))} <= (
+        set(SNAPSHOT["presses"]) | set(SNAPSHOT["unbuildable"]))
+
+
+@pytest.mark.parametrize("name", sorted(SNAPSHOT["presses"]))
+def test_same_kept_set(models, name):
+    nets, ids = models
+    entry = SNAPSHOT["presses"][name]
+    assert ks.attention_of(ks.build(name, 0.5)) == entry["attn"]
+    total = 0
+    for ratio in ks.RATIOS:
+        want = entry[str(ratio)]
+        mask, unmatched = ks.kept(nets[entry["attn"]], ks.build(name, ratio), ids)
+        assert list(mask.shape) == want["shape"], (name, ratio)
+        assert unmatched == want["unmatched"], (name, ratio)
+        expected = ks.unbits(want["bits"], want["shape"])
+        compared = torch.ones(mask.shape[:2], dtype=torch.bool)
+        for layer, head in want["tied"]:
+            compared[layer, head] = False
+        total += int(compared.sum())
+        differ = [(l, h) for l, h in compared.nonzero().tolist() if not torch.equal(mask[l, h], expected[l, h])]
+        assert not differ, f"{name} at r = {ratio}: kept sets differ in (layer, head) {differ}"
+    assert total >= 3, name  # at least a quarter of the 3 x 4 (ratio, layer, head) kept sets compared
+
+
+@pytest.mark.parametrize("name", sorted(SNAPSHOT["unbuildable"]))
+def test_still_refused(name):
+    with pytest.raises(ValueError):
+        ks.build(name, 0.5)
