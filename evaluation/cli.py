@@ -1,15 +1,15 @@
 """kvprob: generate datasets, run sweeps, merge shards, report, reproduce the paper's presets.
 
     kvprob generate --dataset ruler --context-length 4096
-    kvprob run --dataset ruler --context-length 1024 --presses snapkv prob_min_h --ratios 0.5 --out results/x
-    kvprob merge --out results/x/results.jsonl results/x/shard-*.jsonl
-    kvprob report --results results/x
+    kvprob run --dataset ruler --context-length 1024 --presses snapkv prob_min_h --ratios 0.5 --out runs/x
+    kvprob merge --out runs/x/results.jsonl runs/x/shard-*.jsonl
+    kvprob report --results runs/x
     kvprob reproduce --preset cpu-quick
     kvprob demo                  # cpu-quick computed afresh into results/demo, next to results/cpu-quick
     kvprob presses               # the presses by origin and family (--all: every name; NAME: one)
-    kvprob prose run --split dev --context 1024 --presses snapkv prob_min_h --out results/prose/x
-    kvprob prose report --results results/prose/x
-    kvprob stream --split dev --budget 256 --out results/stream/dev   # eviction while decoding (docs/streaming.md)
+    kvprob prose run --split dev --context 1024 --presses snapkv prob_min_h --out runs/prose-x
+    kvprob prose report --results runs/prose-x
+    kvprob stream --split dev --budget 256 --out runs/stream-dev   # eviction while decoding (docs/streaming.md)
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import sys
 import time
 from pathlib import Path
 
-from evaluation import manifest
-from evaluation.assets import require_embedded_model
-from evaluation.datasets import load_dataset_frame
-from evaluation.datasets.ruler import OFFLINE_TASKS
+from evaluation.store import manifest
+from evaluation.store.assets import require_embedded_model
+from evaluation.tasks import dataset_version, load_dataset_frame
+from evaluation.tasks.ruler.offline import OFFLINE_TASKS
 from evaluation.presets import (DEMO_OUT, DEMO_REFERENCE, PAPER_METHODS, PRESETS, PROSE_DEMO,  # noqa: F401
                                 PROSE_DEMO_REFERENCE, default_out)
 from kvpress_prob.registry import PRESSES, factory
@@ -88,8 +88,8 @@ def _data_dir(args) -> str:
 
 
 def cmd_run(args) -> Path:
-    from evaluation.runner import configurations, run
-    from evaluation.store import ResultStore
+    from evaluation.engine.runner import configurations, run
+    from evaluation.store.results import ResultStore
 
     for name in args.presses:
         try:
@@ -101,7 +101,8 @@ def cmd_run(args) -> Path:
     configs = configurations(args.presses, args.ratios, args.seeds)
     data_dir = _data_dir(args)
     settings = dict(model=_model_name(args.model), dataset=args.dataset, data_seed=args.data_seed,
-                    context_length=args.context_length, query_aware=args.query_aware)
+                    context_length=args.context_length, query_aware=args.query_aware,
+                    dataset_version=dataset_version(args.dataset))
     manifest.check_folder(out, manifest.identity(**settings), data_dir=data_dir)  # before the model is loaded
     model, tokenizer = _load(args)
     identity = manifest.identity(**settings, loaded_model=model, tokenizer=tokenizer)
@@ -124,7 +125,7 @@ def cmd_run(args) -> Path:
 
 
 def cmd_merge(args) -> None:
-    from evaluation.store import merge
+    from evaluation.store.results import merge
 
     shards = [Path(p) for p in args.shards]
     for note in manifest.merge(shards, Path(args.out)):  # refuses missing shards and mismatched manifests
@@ -133,8 +134,8 @@ def cmd_merge(args) -> None:
 
 
 def cmd_report(args) -> dict:
-    from evaluation.report import write_report
-    from evaluation.store import load_results, results_files, write_kvpress_folder
+    from evaluation.report.tables import write_report
+    from evaluation.store.results import load_results, results_files, write_kvpress_folder
 
     root = Path(args.results)
     df = load_results(*results_files(root))
@@ -151,8 +152,8 @@ def cmd_report(args) -> dict:
 
 
 def cmd_compare(args) -> str:
-    from evaluation.compare import markdown
-    from evaluation.store import load_folders, write_atomic
+    from evaluation.report.compare import markdown
+    from evaluation.store.results import load_folders, write_atomic
 
     text = markdown(load_folders(args.results), args.split, presses=args.presses)
     if args.out:
@@ -194,7 +195,7 @@ def cmd_reproduce(args) -> None:
                                       kvpress_folders=True))
     wall = time.perf_counter() - start
     if args.reference and not args.shard:
-        from evaluation.side_by_side import comparison_markdown
+        from evaluation.report.side_by_side import comparison_markdown
 
         print("\n" + comparison_markdown(out, args.reference))
     if not args.shard:
@@ -224,7 +225,7 @@ def cmd_demo(args) -> None:
 
 def demo_prose(args) -> None:
     """The demo's prose part: ``PROSE_DEMO`` afresh into ``<out>/prose``, next to ``--prose-reference``."""
-    from evaluation.prose import cli as prose
+    from evaluation.tasks.prose import cli as prose
 
     out = Path(args.out) / "prose"
     _clear_results(out)
@@ -233,13 +234,13 @@ def demo_prose(args) -> None:
         threads=0, no_report=True), _load, _model_name)
     reference = _reference(args.prose_reference, args.no_reference)
     if reference:
-        from evaluation.side_by_side import prose_comparison_markdown
+        from evaluation.report.side_by_side import prose_comparison_markdown
 
         print("\n" + prose_comparison_markdown(out, reference))
 
 
 def cmd_presses(args) -> None:
-    from evaluation.press_info import family_table, press_detail
+    from evaluation.report.press_info import family_table, press_detail
 
     if args.name:
         try:
@@ -251,7 +252,7 @@ def cmd_presses(args) -> None:
 
 
 def cmd_recall(args):
-    from evaluation.recall import cli as recall
+    from evaluation.tasks.recall import cli as recall
 
     if args.recall_command == "run":
         return recall.cmd_run(args, _load, _model_name)
@@ -259,7 +260,7 @@ def cmd_recall(args):
 
 
 def cmd_prose(args):
-    from evaluation.prose import cli as prose
+    from evaluation.tasks.prose import cli as prose
 
     if args.prose_command == "run":
         return prose.cmd_run(args, _load, _model_name)
@@ -415,13 +416,13 @@ def parser() -> argparse.ArgumentParser:
     ps.add_argument("name", nargs="?", default=None, help="one press: its parts, settings and status")
     ps.add_argument("--all", action="store_true", help="every registered name, with its status and finding")
 
-    from evaluation.prose.cli import add_parser as add_prose
-    from evaluation.recall.cli import add_parser as add_recall
+    from evaluation.tasks.prose.cli import add_parser as add_prose
+    from evaluation.tasks.recall.cli import add_parser as add_recall
 
     add_prose(sub, add, _ratio, _positive_int, _model_option)
     add_recall(sub, add, _ratio, _positive_int, _model_option)
 
-    from evaluation.streaming.cli import add_parsers
+    from evaluation.tasks.streaming.cli import add_parsers
 
     add_parsers(add, _positive_int)
 
@@ -443,7 +444,7 @@ def main(argv: list[str] | None = None) -> None:
         return gpu_check(argv[1:])
     args = parser().parse_args(argv)
     args.argv = argv
-    from evaluation.streaming.cli import cmd_stream, cmd_stream_report
+    from evaluation.tasks.streaming.cli import cmd_stream, cmd_stream_report
 
     command = {"stream": lambda a: cmd_stream(a, _load, _model_name), "stream-report": cmd_stream_report,
                "generate": cmd_generate, "run": cmd_run, "merge": cmd_merge, "report": cmd_report,

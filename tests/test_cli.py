@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 
 from evaluation import cli
-from evaluation.assets import INSTALL, MissingAssetError, install_command, package_dir
-from evaluation.datasets import ruler
+from evaluation.store.assets import INSTALL, MissingAssetError, install_command, package_dir
+from evaluation.tasks.ruler import offline as ruler
 from evaluation.presets import DEMO_PRESSES, PRESETS
-from evaluation.press_info import describe
+from evaluation.report.press_info import describe
 from kvpress_prob.models import embedded_model_path
 from kvpress_prob.registry import CATALOGUE, PRESSES
 
@@ -144,8 +144,8 @@ def test_demo_runs_cpu_quick_afresh_and_compares(monkeypatch, tmp_path):
 
 
 def test_comparison_puts_two_runs_side_by_side(tmp_path):
-    from evaluation.side_by_side import average_comparison, comparison_markdown, results_files
-    from evaluation.store import load_results
+    from evaluation.report.side_by_side import average_comparison, comparison_markdown, results_files
+    from evaluation.store.results import load_results
 
     def write(folder, scores):
         folder.mkdir()
@@ -178,8 +178,8 @@ def test_data_dir_is_the_ruler_context_length():
 
 
 def test_prose_comparison_puts_mean_kl_side_by_side(tmp_path):
-    from evaluation.side_by_side import kl_table, prose_comparison_markdown
-    from evaluation.store import load_results, results_files
+    from evaluation.report.side_by_side import kl_table, prose_comparison_markdown
+    from evaluation.store.results import load_results, results_files
 
     def write(folder, kls):
         folder.mkdir()
@@ -204,7 +204,7 @@ def test_prose_comparison_puts_mean_kl_side_by_side(tmp_path):
 def test_demo_prose_runs_the_prose_preset_afresh_and_compares(monkeypatch, tmp_path, capsys):
     import types
 
-    from evaluation.prose import cli as prose
+    from evaluation.tasks.prose import cli as prose
     from evaluation.presets import PROSE_DEMO
 
     seen = {}

@@ -5,7 +5,7 @@ What is read:
   ``#`` starts a comment) and inline code spans that start with ``kvprob`` or ``python -m``;
 - paths: tokens of those commands and of inline code spans, and relative link targets, that start
   with a top-level folder of the repository (``results/``, ``tests/``, ``docs/``, ``evaluation/``,
-  ``kvpress_prob/``) or name a top-level file; ``tests/x.py::name`` also needs ``def name`` in x.py.
+  ``experiments/``, ``kvpress_prob/``, any other) or name a top-level file; ``tests/x.py::name`` also needs ``def name`` in x.py.
 
 Checks:
 - Every link to a heading (``page.md#anchor``, ``#anchor``) names a heading of that page.
@@ -35,7 +35,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "results" / "README.md"]
-TOP = ("results/", "tests/", "docs/", "evaluation/", "kvpress_prob/")
+# every top-level folder of the repository (results/, tests/, docs/, evaluation/, experiments/, kvpress_prob/, ...)
+TOP = tuple(sorted(f"{p.name}/" for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))
+                   and p.name not in ("build", "dist") and not p.name.endswith(".egg-info")))
 TOP_FILES = ("README.md", "Makefile", "pyproject.toml", "LICENSE")
 IGNORED = ("results/demo",)  # git-ignored outputs of `make demo`
 FENCE = re.compile(r"^```(\w*)\s*$")

@@ -42,7 +42,7 @@ def test_wheel_holds_the_packages_license_and_typing_marker(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert "kvpress_prob/py.typed" in names
     assert "kvpress_prob/kvpress_eval.py" in names and "evaluation/cli.py" in names
-    assert "evaluation/datasets/ruler.py" in names and "evaluation/bench/__main__.py" in names
+    assert "evaluation/tasks/ruler/offline.py" in names and "evaluation/bench/__main__.py" in names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert not any(n.startswith(("tests/", "results/")) for n in names)
     meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
@@ -53,7 +53,7 @@ def test_wheel_holds_the_packages_license_and_typing_marker(wheel):
 
 
 def test_installed_cli_runs_help_and_a_tiny_generate(wheel, tmp_path):
-    from evaluation.assets import MissingAssetError, require_embedded_model
+    from evaluation.store.assets import MissingAssetError, require_embedded_model
     from kvpress_prob.models import EMBEDDED_NAME, embedded_model_path
 
     site = tmp_path / "site"

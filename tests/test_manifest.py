@@ -8,7 +8,8 @@ import torch
 from conftest import tiny_model
 from test_runner import examples
 
-from evaluation import cli, manifest
+from evaluation import cli
+from evaluation.store import manifest
 
 
 @pytest.fixture
@@ -123,7 +124,7 @@ def test_reading_a_missing_folder_is_an_error_naming_it(tmp_path, command):
 
 
 def test_a_readonly_store_of_a_missing_file_raises():
-    from evaluation.store import ResultStore, load_results
+    from evaluation.store.results import ResultStore, load_results
 
     with pytest.raises(FileNotFoundError, match="no results file nowhere.jsonl"):
         load_results("nowhere.jsonl")

@@ -11,7 +11,7 @@ from kvpress import KeyDiffPress, KVPressTextGenerationPipeline
 from test_runner import examples, one_and_batched
 
 from evaluation.engine import Prefill
-from evaluation.runner import configurations
+from evaluation.engine.runner import configurations
 from kvpress_prob import correction, get_press
 from kvpress_prob.attention import corrected_sdpa
 from kvpress_prob.press import SamplingPress

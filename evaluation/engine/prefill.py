@@ -111,7 +111,7 @@ def plan(model, press: BasePress | None, n: int) -> Plan:
                     lambda module, kwargs, output: press.propose(module, kwargs))
     if isinstance(press, ObservedAttentionPress) and _standard_scorer(press):
         ours = press if isinstance(press, EagerObservedAttentionPress) else EagerObservedAttentionPress()
-        if not ours.eager_fits(model, n):  # kvpress's own press too: no n x n weights (issue 27 item 4)
+        if not ours.eager_fits(model, n):  # kvpress's own press too: no n x n weights
             return Plan("scores", _scores_key(ours), _score_of(ours))  # computed in chunks on sdpa
         return Plan("eager", ("eager",))
     if _standard_scorer(press):
@@ -125,7 +125,7 @@ def plan(model, press: BasePress | None, n: int) -> Plan:
 def hooked_prefill(model, layers, context_ids: torch.Tensor, on_layer, max_eager_bytes: float = 2**32) -> DynamicCache:
     """A full-cache prefill calling ``on_layer(module, kwargs, output)`` at each attention layer's
     forward (its hook inputs are not kept). On eager attention, refused above ``max_eager_bytes`` of
-    one layer's (b, H_q, n, n) float32 weights (issue 27 item 4: no path builds what does not fit)."""
+    one layer's (b, H_q, n, n) float32 weights (no path builds what does not fit)."""
     need = EagerObservedAttentionPress.eager_bytes(model, context_ids.shape[1], context_ids.shape[0])
     if model.config._attn_implementation == "eager" and need > max_eager_bytes:
         raise ValueError(
