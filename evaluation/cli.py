@@ -87,7 +87,8 @@ def _data_dir(args) -> str:
     return str(args.context_length) if args.dataset.startswith("ruler") else "lt3000"
 
 
-def cmd_run(args) -> Path:
+def cmd_run(args, load=None) -> Path:
+    """A sweep into ``args.out``; ``load(args)`` gives (model, tokenizer) (unset: ``_load``)."""
     from evaluation.engine.runner import configurations, run
     from evaluation.store.results import ResultStore
 
@@ -104,7 +105,7 @@ def cmd_run(args) -> Path:
                     context_length=args.context_length, query_aware=args.query_aware,
                     dataset_version=dataset_version(args.dataset))
     manifest.check_folder(out, manifest.identity(**settings), data_dir=data_dir)  # before the model is loaded
-    model, tokenizer = _load(args)
+    model, tokenizer = (load or _load)(args)
     identity = manifest.identity(**settings, loaded_model=model, tokenizer=tokenizer)
     notes = manifest.check_folder(out, identity, data_dir=data_dir)
     for note in notes:
@@ -174,7 +175,7 @@ def _clear_results(out: Path) -> None:
         shutil.rmtree(out / "report")
 
 
-def cmd_reproduce(args) -> None:
+def cmd_reproduce(args, load=None) -> None:
     preset = dict(PRESETS[args.preset])
     for field in ("context_length", "n_examples"):
         if getattr(args, field) is not None:
@@ -189,7 +190,7 @@ def cmd_reproduce(args) -> None:
         decode_batch=args.decode_batch,
     )
     start = time.perf_counter()
-    cmd_run(run_args)
+    cmd_run(run_args, load)
     if not args.shard:
         cmd_report(argparse.Namespace(results=out, out=None, title=f"{args.preset} on {_model_name(args.model)}",
                                       kvpress_folders=True))
@@ -212,26 +213,35 @@ def _reference(path: str | None, no_reference: bool) -> str | None:
 
 def cmd_demo(args) -> None:
     """Both regimes, computed afresh (each folder's earlier records are removed), each next to its
-    committed reference: RULER (cpu-quick), then prose (``PROSE_DEMO`` into ``<out>/prose``)."""
+    committed reference: RULER (cpu-quick), then prose (``PROSE_DEMO`` into ``<out>/prose``), on one loaded
+    model and tokenizer."""
     start = time.perf_counter()
+    loaded = []
+
+    def load_once(run_args):
+        if not loaded:
+            loaded.append(_load(run_args))
+        return loaded[0]
+
     cmd_reproduce(argparse.Namespace(
         preset="cpu-quick", model=args.model, context_length=None, n_examples=None, out=args.out, shard=None,
         query_aware=False, decode_batch=args.decode_batch, data_seed=0, fresh=True,
-        reference=_reference(args.reference, args.no_reference)))
+        reference=_reference(args.reference, args.no_reference)), load_once)
     if not args.no_prose:
-        demo_prose(args)
+        demo_prose(args, load_once)
     print(f"demo wall time (both regimes) {time.perf_counter() - start:.0f} s")
 
 
-def demo_prose(args) -> None:
-    """The demo's prose part: ``PROSE_DEMO`` afresh into ``<out>/prose``, next to ``--prose-reference``."""
+def demo_prose(args, load=None) -> None:
+    """The demo's prose part: ``PROSE_DEMO`` afresh into ``<out>/prose``, next to ``--prose-reference``
+    (``load(args)``: the model and tokenizer; unset: ``_load``)."""
     from evaluation.tasks.prose import cli as prose
 
     out = Path(args.out) / "prose"
     _clear_results(out)
     prose.cmd_run(argparse.Namespace(
         model=args.model, **PROSE_DEMO, scored_tokens=prose.SCORED_TOKENS, out=out,
-        threads=0, no_report=True), _load, _model_name)
+        threads=0, no_report=True), load or _load, _model_name)
     reference = _reference(args.prose_reference, args.no_reference)
     if reference:
         from evaluation.report.side_by_side import prose_comparison_markdown

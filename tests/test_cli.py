@@ -133,10 +133,15 @@ def test_fresh_removes_only_records_and_report(tmp_path):
 
 def test_demo_runs_cpu_quick_afresh_and_compares(monkeypatch, tmp_path):
     seen = {}
-    monkeypatch.setattr(cli, "cmd_reproduce", lambda args: seen.update(vars(args)))
-    monkeypatch.setattr(cli, "demo_prose", lambda args: seen.update(prose=args.prose_reference))
+    loads = []
+    monkeypatch.setattr(cli, "_load", lambda args: loads.append(args.model) or ("model", "tokenizer"))
+    monkeypatch.setattr(cli, "cmd_reproduce", lambda args, load: seen.update(vars(args), ruler=load(args)))
+    monkeypatch.setattr(cli, "demo_prose", lambda args, load: seen.update(prose=args.prose_reference,
+                                                                          prose_model=load(args)))
     cli.main(["demo", "--out", str(tmp_path / "demo")])
     assert seen.pop("prose") == "results/prose-quick"
+    # both parts run on one loaded model and tokenizer
+    assert seen.pop("ruler") == seen.pop("prose_model") == ("model", "tokenizer") and loads == [None]
     assert seen["preset"] == "cpu-quick" and seen["fresh"] and seen["reference"] == "results/cpu-quick"
     assert PRESETS["cpu-quick"]["presses"] is DEMO_PRESSES
     cli.main(["demo", "--out", str(tmp_path / "demo"), "--reference", str(tmp_path / "none")])

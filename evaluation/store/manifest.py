@@ -115,7 +115,7 @@ def _version(package: str) -> str | None:
 
 def identity(*, model: str, dataset: str, data_seed: int | None, context_length: int, query_aware: bool,
              loaded_model=None, tokenizer=None, split: str | None = None, scored_tokens: int | None = None,
-             dataset_version: str | None = None) -> dict:
+             dataset_version: str | int | None = None) -> dict:
     """The fields that must match on resume. Without ``loaded_model`` / ``tokenizer`` (before loading)
     the digests and dtype are left out, and checks compare only the fields present. The prose benchmark
     has no data seed (None) but a ``split`` and a number of ``scored_tokens``. ``dataset_version`` is the
@@ -128,7 +128,7 @@ def identity(*, model: str, dataset: str, data_seed: int | None, context_length:
     if scored_tokens is not None:
         ident["scored_tokens"] = int(scored_tokens)
     if dataset_version is not None:
-        ident["dataset_version"] = str(dataset_version)
+        ident["dataset_version"] = dataset_version
     if loaded_model is not None:
         ident["model_digest"] = model_digest(loaded_model)
         ident["dtype"] = str(loaded_model.dtype).removeprefix("torch.")

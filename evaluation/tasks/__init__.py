@@ -30,7 +30,7 @@ from evaluation.tasks.frame import FRAME_COLUMNS, count_tokens  # noqa: F401  (t
 DATASET_NAMES = ("ruler", "ruler-hub", "longbench")
 
 
-def dataset_version(name: str) -> str | None:
+def dataset_version(name: str) -> int | None:
     """The version a run's manifest records for dataset ``name``: the offline RULER generator's; None for the
     hub's sets (their revision is the hub's)."""
     if name == "ruler":
