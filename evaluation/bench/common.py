@@ -20,7 +20,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from evaluation.report.tables import markdown_table, save_png
+from evaluation.report.plots import save_png
+from evaluation.report.tables import markdown_table
 from evaluation.store.results import write_atomic
 
 __all__ = [

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import pandas as pd
-import yaml
 
 logger = logging.getLogger(__name__)
 
@@ -51,25 +50,25 @@ class StoreCorruptError(ValueError):
 # --------------------------------------------------------------------------- helpers
 
 
-def _plain(obj: Any) -> Any:
+def plain(obj: Any) -> Any:
     """Turn numpy scalars/arrays, tuples and Paths into plain JSON/YAML-friendly values."""
     if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
+        return {str(k): plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
+        return [plain(v) for v in obj]
     if isinstance(obj, Path):
         return str(obj)
     if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):  # numpy array or scalar
-        return _plain(obj.tolist())
+        return plain(obj.tolist())
     return obj
 
 
 def _json_default(obj: Any) -> Any:
     """``json.dumps`` fallback for numpy values and Paths."""
-    plain = _plain(obj)
-    if plain is obj:
+    value = plain(obj)
+    if value is obj:
         raise TypeError(f"cannot store a value of type {type(obj).__name__} in a results record")
-    return plain
+    return value
 
 
 def record_key(record: dict) -> tuple:
@@ -351,16 +350,16 @@ def default_item_key(item: Any) -> Any:
     if isinstance(item, dict):
         if "example_id" in item:
             return record_key(item)
-        return tuple(sorted((str(k), repr(_plain(v))) for k, v in item.items()))
+        return tuple(sorted((str(k), repr(plain(v))) for k, v in item.items()))
     return item
 
 
 def stable_hash(key: Any) -> int:
     """A hash of a key that is the same in every process and Python run (sha1 of its repr)."""
-    plain = _plain(key)
-    if isinstance(plain, list):
-        plain = tuple(tuple(v) if isinstance(v, list) else v for v in plain)
-    return int.from_bytes(hashlib.sha1(repr(plain).encode("utf-8")).digest()[:8], "big")
+    value = plain(key)
+    if isinstance(value, list):
+        value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
+    return int.from_bytes(hashlib.sha1(repr(value).encode("utf-8")).digest()[:8], "big")
 
 
 def shard(items: list, spec: str | None, key: Callable[[Any], Any] | None = None) -> list:
@@ -390,76 +389,3 @@ def merge(paths: list[Path | str], out: Path | str) -> int:
     records = unique_records(paths)
     write_atomic(Path(out), _encode_lines(records))
     return len(records)
-
-
-# --------------------------------------------------------------------------- kvpress folders
-
-
-METRIC_NAMES = {"ruler": "string_match", "longbench": "qa_f1"}
-"""Metric name used in ``metrics.json`` per dataset (kvpress' ruler scorer writes
-``{task: {"string_match": x}}``); other datasets use ``"score"``."""
-
-
-def kvpress_folder_name(dataset: str, data_dir: str | None, model: str, press: str, ratio: float) -> str:
-    """``<dataset>__<data_dir>__<model with / as -->__<press>__<ratio:.2f>``, as kvpress names it."""
-    parts = [dataset, str(data_dir) if data_dir else "", model.replace("/", "--"), press, f"{ratio:.2f}"]
-    return "__".join(p for p in parts if p)
-
-
-def write_kvpress_folder(
-    root: Path | str,
-    df_config: pd.DataFrame,
-    dataset: str,
-    data_dir: str | None,
-    model: str,
-    press: str,
-    ratio: float,
-    extra_config: dict | None = None,
-) -> Path:
-    """Write one configuration's results in the folder layout of kvpress' ``evaluate.py``.
-
-    ``df_config`` holds the records of one (model, dataset, data_dir, press, ratio), one or
-    more seeds. The folder (overwritten if it exists) gets, each written atomically:
-
-    - ``predictions.csv``: example_id, task, seed, question (if present), answer (JSON list),
-      predicted_answer, score, compression_ratio, realised_ratio (if present); no context.
-    - ``metrics.json``: ``{task: {metric: mean score}}``, metric from ``METRIC_NAMES``; the
-      mean is over examples within a seed, then over seeds; rounded to 2 decimals.
-    - ``config.yaml``: dataset, data_dir, model, press_name, compression_ratio, seed (an int,
-      or a list when there are several), then ``extra_config`` (it cannot override those).
-    """
-    folder = Path(root) / kvpress_folder_name(dataset, data_dir, model, press, ratio)
-    folder.mkdir(parents=True, exist_ok=True)
-
-    df = df_config.reset_index(drop=True)
-    predictions = pd.DataFrame({"example_id": df["example_id"].astype(str), "task": df["task"]})
-    predictions["seed"] = df["seed"] if "seed" in df else 0
-    if "question" in df:
-        predictions["question"] = df["question"]
-    predictions["answer"] = [json.dumps(_plain(a), ensure_ascii=False) for a in df["answer"]]
-    predictions["predicted_answer"] = df["prediction"]
-    predictions["score"] = df["score"].astype(float)
-    predictions["compression_ratio"] = float(ratio)
-    if "realised_ratio" in df:
-        predictions["realised_ratio"] = df["realised_ratio"]
-    write_atomic(folder / "predictions.csv", predictions.to_csv(index=False))
-
-    metric = METRIC_NAMES.get(dataset, "score")
-    per_seed = predictions.groupby(["task", "seed"])["score"].mean()
-    per_task = per_seed.groupby(level="task").mean()
-    metrics = {str(task): {metric: round(float(value), 2)} for task, value in per_task.items()}
-    write_atomic(folder / "metrics.json", json.dumps(metrics, indent=4) + "\n")
-
-    seeds = sorted({int(s) for s in predictions["seed"]})
-    config = {
-        "dataset": dataset,
-        "data_dir": str(data_dir) if data_dir is not None else None,
-        "model": model,
-        "press_name": press,
-        "compression_ratio": float(ratio),
-        "seed": seeds[0] if len(seeds) == 1 else seeds,
-    }
-    for k, v in (extra_config or {}).items():
-        config.setdefault(str(k), _plain(v))
-    write_atomic(folder / "config.yaml", yaml.safe_dump(config, sort_keys=False, default_flow_style=False))
-    return folder

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from evaluation.report.tables import save_png
+from evaluation.report.plots import save_png
 from evaluation.bench.fidelity import FAMILIES
 from evaluation.bench.fidelity.tables import loglog_slope
 
