@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import re
-import shlex
 import tomllib
 from pathlib import Path
 
@@ -21,35 +20,34 @@ def test_results_hold_no_python():
     assert not list((ROOT / "results").rglob("*.py"))
 
 
-def commands(script: Path) -> list[list[str]]:
-    """The words of each command line of a shell script (continuations joined, comments dropped)."""
+def command_lines(script: Path) -> list[str]:
+    """The command lines of a shell script: continuations joined, comment lines and trailing comments dropped."""
     text = re.sub(r"\\\n", " ", script.read_text())
-    found = []
-    for line in text.splitlines():
-        line = line.split(" #")[0].strip()
-        if line and not line.startswith("#"):
-            try:
-                found.append(shlex.split(line))
-            except ValueError:  # a quote spanning lines: a shell construct the check leaves alone
-                continue
-    return found
+    return [line.split(" #")[0] for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: str(p.relative_to(ROOT / "results")))
 def test_every_command_of_results_names_what_exists(script):
-    for words in commands(script):
-        for i, word in enumerate(words[:-1]):
-            word = word.strip("\"'")
-            if word.endswith("python") or word.endswith("python3") or word == "$PY":
-                target = words[i + 1]
-                if target == "-m":
-                    module = words[i + 2].strip("\"'")
-                    assert importlib.util.find_spec(module), f"{script.name}: no module {module}"
-                elif target.endswith(".py"):
-                    assert (ROOT / target).is_file(), f"{script.name}: no file {target}"
-        for word in words:  # "python -m x" held in a variable: RULER="$PY -m evaluation run ..."
-            for module in re.findall(r"-m ([\w.]+)", word):
-                assert importlib.util.find_spec(module), f"{script.name}: no module {module}"
+    """Every ``-m MODULE [SUBCOMMAND]`` (also inside a variable: ``RULER="$PY -m evaluation run ..."``) names an
+    importable module and, for kvprob and the bench CLI, one of their subcommands; every ``python FILE.py`` a file."""
+    for line in command_lines(script):
+        for module, rest in re.findall(r"(?<!\S)-m\s+([\w.]+)(?:\s+([\w-]+))?", line):
+            assert importlib.util.find_spec(module), f"{script.name}: no module {module}"
+            check_subcommand(script, module, [rest] if rest else [])
+        for path in re.findall(r"python3?\}?\s+([\w./-]+\.py)\b", line):
+            assert (ROOT / path).is_file(), f"{script.name}: no file {path}"
+
+
+def check_subcommand(script: Path, module: str, rest: list[str]) -> None:
+    """``python -m evaluation X`` / ``python -m evaluation.bench X``: X is one of their subcommands."""
+    from evaluation.bench.__main__ import COMMANDS, OWN_PARSERS
+    from evaluation.cli import parser
+
+    if module == "evaluation" and rest:
+        choices = next(a for a in parser()._actions if a.dest == "command").choices
+        assert rest[0] in choices, f"{script.name}: no kvprob command {rest[0]}"
+    if module == "evaluation.bench" and rest:
+        assert rest[0] in {*COMMANDS, *OWN_PARSERS}, f"{script.name}: no bench {rest[0]}"
 
 
 def test_evaluation_is_packaged_whole_and_experiments_is_not():
