@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("evaluation", "kvpress_prob")
+PACKAGES = ("evaluation", "experiments", "kvpress_prob")
 
 
 def modules() -> dict[str, Path]:

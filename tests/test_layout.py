@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -51,8 +50,10 @@ def check_subcommand(script: Path, module: str, rest: list[str]) -> None:
 
 
 def test_evaluation_is_packaged_whole_and_experiments_is_not():
-    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
-    patterns = [p.rstrip("*") for p in find["include"]]
+    section = (ROOT / "pyproject.toml").read_text().split("[tool.setuptools.packages.find]", 1)[1]
+    include = re.search(r"^include\s*=\s*\[(.*?)\]", section, re.M | re.S).group(1)  # no tomllib on Python 3.10
+    patterns = [p.rstrip("*") for p in re.findall(r'"([^"]+)"', include)]
+    assert "evaluation" in patterns
     assert not any("experiments".startswith(p) for p in patterns)
     for folder in (ROOT / "evaluation").rglob("*"):
         if folder.is_dir() and folder.name != "__pycache__" and list(folder.glob("*.py")):
