@@ -131,9 +131,11 @@ def test_a_readonly_store_of_a_missing_file_raises():
     assert ResultStore("/nonexistent-dir/new.jsonl", readonly=False).records() == []  # a store to write starts empty
 
 
-@pytest.mark.parametrize("argv", [["decompose", "--report"], ["fidelity", "--report-only"]])
-def test_bench_reports_refuse_a_missing_folder(tmp_path, argv):
+def test_bench_and_study_reports_refuse_a_missing_folder(tmp_path):
     from evaluation.bench.__main__ import main
+    from experiments.decompose.run import main as decompose
 
     with pytest.raises(FileNotFoundError, match="never-run"):
-        main([*argv, "--out", str(tmp_path / "never-run")])
+        main(["fidelity", "--report-only", "--out", str(tmp_path / "never-run")])
+    with pytest.raises(FileNotFoundError, match="never-run"):
+        decompose(["--report", "--out", str(tmp_path / "never-run")])
