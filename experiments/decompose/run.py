@@ -13,7 +13,7 @@ For each proposal family and ratio (docs/method.md, "Decomposition"):
 Scores come from the runner (decoded answers, stored per (example, configuration) under the step's
 label, resumable and shardable). Needle survival needs no decoding: for each NIAH example and step,
 the fraction of (layer, KV head) pairs in which every token of a needle's value survived, per
-layer, read off the compressed cache (``survival.jsonl``). Tables and plots: ``decompose_report``.
+layer, read off the compressed cache (``survival.jsonl``). Tables and plots: ``experiments.decompose.report``.
 
 ``python -m experiments.decompose --out results/decompose/dev-1024 [--survival-only]``
 """
@@ -25,7 +25,6 @@ import json
 import time
 from pathlib import Path
 
-import torch
 from kvpress import KVPressTextGenerationPipeline
 
 from experiments.decompose import report as decompose_report
@@ -35,7 +34,6 @@ from evaluation.engine.runner import Config, run
 from evaluation.metrics.survival import kept_positions, survival
 from evaluation.store.results import ResultStore, shard, write_atomic
 from evaluation.tasks.ruler.needles import needle_positions
-from kvpress_prob import SamplingPress
 
 # ------------------------------------------------------------------------------ needle survival
 
