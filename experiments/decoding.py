@@ -40,11 +40,11 @@ from kvpress import DecodingPress, KnormPress, StreamingLLMPress, TOVAPress
 from transformers import DynamicCache
 
 from evaluation.bench import common
-from evaluation.tasks.prose.essays import essay_ids, essays
 from evaluation.report.stats import mean_table, paired_table
+from evaluation.store.results import parse_shard, shard
+from evaluation.tasks.prose.essays import essay_ids, essays
 from evaluation.tasks.streaming.drive import Schedule
 from evaluation.tasks.streaming.presses import DETERMINISTIC, corrects, equal_memory_target
-from evaluation.store.results import parse_shard, shard
 from kvpress_prob.decoding import get_decoding_press
 
 KVPRESS = {"kvpress_streaming_llm": lambda: StreamingLLMPress(n_sink=4), "kvpress_tova": TOVAPress,

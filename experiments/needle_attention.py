@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from kvpress import KVPressTextGenerationPipeline
 
+from evaluation.engine import Prefill
 from evaluation.tasks.ruler.needles import needle_positions
 from experiments.decompose.steps import DEV_TASKS
-from evaluation.engine import Prefill
 from kvpress_prob import correction, get_press, load_model
 from kvpress_prob.press import language_model
 from kvpress_prob.proposals import rope_queries

@@ -25,8 +25,8 @@ import numpy as np
 import torch
 from kvpress import KVPressTextGenerationPipeline
 
-from evaluation.tasks.ruler.needles import needle_positions
 from evaluation.engine import press_prefill
+from evaluation.tasks.ruler.needles import needle_positions
 from kvpress_prob import get_press, load_model
 from kvpress_prob.mixture import peak_share
 from kvpress_prob.press import SamplingPress

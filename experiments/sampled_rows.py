@@ -25,12 +25,12 @@ import pandas as pd
 import torch
 from kvpress import KVPressTextGenerationPipeline
 
-from evaluation.metrics.survival import kept_positions, survival
-from evaluation.tasks.ruler.needles import needle_positions
-from experiments.decompose.run import add_split_arguments, load_split
 from evaluation.engine import Prefill
+from evaluation.metrics.survival import kept_positions, survival
 from evaluation.report.stats import paired_table
 from evaluation.store.results import write_atomic
+from evaluation.tasks.ruler.needles import needle_positions
+from experiments.decompose.run import add_split_arguments, load_split
 from kvpress_prob.proposals import SampledMinVarianceProposal
 from kvpress_prob.registry import get_press
 

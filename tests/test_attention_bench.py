@@ -5,9 +5,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from experiments.attention.run import capture_heads, head_errors, measures
-from experiments.attention.report import correlations
 from evaluation.engine import Prefill, teacher_forced
+from experiments.attention.report import correlations
+from experiments.attention.run import capture_heads, head_errors, measures
 from tests.conftest import random_ids, tiny_model
 
 

@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 
 from evaluation import cli
-from evaluation.store.assets import INSTALL, MissingAssetError, install_command, package_dir
-from evaluation.tasks.ruler import offline as ruler
 from evaluation.presets import DEMO_PRESSES, PRESETS
 from evaluation.report.press_info import describe
+from evaluation.store.assets import INSTALL, MissingAssetError, install_command, package_dir
+from evaluation.tasks.ruler import offline as ruler
 from kvpress_prob.models import embedded_model_path
 from kvpress_prob.registry import CATALOGUE, PRESSES
 

@@ -8,11 +8,11 @@ import torch
 from conftest import random_ids, tiny_model
 from scipy import stats
 
+from evaluation.engine import Prefill
 from evaluation.metrics.survival import kept_positions, survival
 from evaluation.tasks.ruler.needles import needle_positions
-from experiments.decompose.steps import step_configs
 from experiments.decompose.report import paired_changes
-from evaluation.engine import Prefill
+from experiments.decompose.steps import step_configs
 from kvpress_prob.registry import get_press
 
 

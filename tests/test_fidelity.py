@@ -9,12 +9,12 @@ import pytest
 import torch
 from conftest import random_ids, tiny_model
 
-from evaluation.report import stats
 from evaluation.bench.fidelity import measure as M
 from evaluation.bench.fidelity import report as R
 from evaluation.bench.fidelity import tables as T
 from evaluation.engine import Prefill, press_prefill, teacher_forced
 from evaluation.engine.runner import Config
+from evaluation.report import stats
 
 N_CONTEXT = 160
 N_CONT = 12

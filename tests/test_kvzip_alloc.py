@@ -5,9 +5,9 @@ exactly its masked set and of a float64 reference with explicit weights; equal-m
 import pytest
 import torch
 
-from experiments.zip_gap import dense_reference, float64_copy, masked_keep
 from evaluation.engine import Compressed, cache_summary, generate_batch, press_prefill, teacher_forced
 from evaluation.tasks.prose.measure import masks_as_bias
+from experiments.zip_gap import dense_reference, float64_copy, masked_keep
 from kvpress_prob import correction, kvzip
 from kvpress_prob.kvzip_alloc import KVzipAllocatedPress, allocation_keep, kvzip_keep, top_counts, widest_fit
 from kvpress_prob.press import language_model

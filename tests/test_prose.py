@@ -12,14 +12,14 @@ import torch
 from scipy import stats as sps
 
 from evaluation import cli
-from evaluation.store import manifest
-from evaluation.tasks.prose.essays import windows
 from evaluation.engine import Prefill, press_prefill, teacher_forced
-from evaluation.tasks.prose import tables
-from evaluation.tasks.prose.measure import order, run, window_metrics
 from evaluation.engine.runner import Config, configurations
 from evaluation.report.stats import ratio_ci
+from evaluation.store import manifest
 from evaluation.store.results import ResultStore
+from evaluation.tasks.prose import tables
+from evaluation.tasks.prose.essays import windows
+from evaluation.tasks.prose.measure import order, run, window_metrics
 from tests.conftest import tiny_model
 
 N, T = 128, 16  # a tiny model's windows: 128 context tokens, 16 scored

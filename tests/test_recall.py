@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from evaluation import cli
-from evaluation.store import manifest
 from evaluation.engine import Prefill
+from evaluation.engine.runner import Config, configurations
+from evaluation.store import manifest
+from evaluation.store.results import ResultStore
 from evaluation.tasks.recall import tables
 from evaluation.tasks.recall.cues import sentence_spans, window_cues, windows
 from evaluation.tasks.recall.measure import cue_logits, cue_metrics, run, window_metrics
-from evaluation.engine.runner import Config, configurations
-from evaluation.store.results import ResultStore
 from tests.conftest import tiny_model
 
 N = 128

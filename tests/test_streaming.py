@@ -9,11 +9,11 @@ import torch
 from conftest import random_ids, tiny_model
 from kvpress import DecodingPress, KnormPress
 
-from evaluation.tasks.streaming.streams import Stream
 from evaluation.store.results import ResultStore
 from evaluation.tasks.streaming import metrics, runner
 from evaluation.tasks.streaming.drive import Schedule, feed, full_logits
 from evaluation.tasks.streaming.presses import DETERMINISTIC
+from evaluation.tasks.streaming.streams import Stream
 from kvpress_prob.decoding_scorers import H2OPress, buffered_attention
 
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import pandas as pd
 
 from evaluation.report.aggregate import REFERENCE, prepare, win_scores
-from evaluation.report.tables import markdown_table
 from evaluation.report.stats import mean_table, paired_table
+from evaluation.report.tables import markdown_table
 from kvpress_prob.registry import PRESSES, is_sampling
 
 

@@ -14,9 +14,9 @@ import argparse
 import pandas as pd
 
 from evaluation.report.aggregate import prepare
-from evaluation.report.tables import markdown_table
 from evaluation.report.pairs import pair_parser, publish
 from evaluation.report.stats import paired_table
+from evaluation.report.tables import markdown_table
 from evaluation.store.results import load_folders
 
 

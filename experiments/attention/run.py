@@ -38,12 +38,12 @@ from pathlib import Path
 
 import torch
 
-from evaluation.metrics.survival import kept_positions
-from evaluation.tasks.ruler.needles import needle_positions
-from experiments.decompose.steps import DEV_TASKS
 from evaluation.engine import Prefill, teacher_forced
 from evaluation.engine.runner import Config
+from evaluation.metrics.survival import kept_positions
 from evaluation.store.results import write_atomic
+from evaluation.tasks.ruler.needles import needle_positions
+from experiments.decompose.steps import DEV_TASKS
 from kvpress_prob import SamplingPress
 from kvpress_prob.press import language_model
 from kvpress_prob.registry import PRESSES, is_sampling

@@ -17,10 +17,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from experiments.decompose.steps import STEPS, all_configs  # noqa: E402
-from evaluation.report.tables import markdown_table  # noqa: E402
 from evaluation.report.stats import mean_ci  # noqa: E402
+from evaluation.report.tables import markdown_table  # noqa: E402
 from evaluation.store.results import load_results, write_atomic  # noqa: E402
+from experiments.decompose.steps import STEPS, all_configs  # noqa: E402
 
 
 def interval(values) -> tuple[float, float, float, int]:

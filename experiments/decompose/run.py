@@ -27,13 +27,13 @@ from pathlib import Path
 
 from kvpress import KVPressTextGenerationPipeline
 
-from experiments.decompose import report as decompose_report
-from experiments.decompose.steps import DEV_TASKS, FAMILIES, all_configs
 from evaluation.engine import Prefill
 from evaluation.engine.runner import Config, run
 from evaluation.metrics.survival import kept_positions, survival
 from evaluation.store.results import ResultStore, shard, write_atomic
 from evaluation.tasks.ruler.needles import needle_positions
+from experiments.decompose import report as decompose_report
+from experiments.decompose.steps import DEV_TASKS, FAMILIES, all_configs
 
 # ------------------------------------------------------------------------------ needle survival
 

@@ -22,9 +22,9 @@ import pandas as pd
 import torch
 
 from evaluation.bench.fidelity import DEFAULT_PRESSES
-from evaluation.metrics.continuation import kl_per_position  # noqa: F401  (also this module's name for it)
 from evaluation.engine import Prefill, cache_summary, teacher_forced
 from evaluation.engine.runner import Config
+from evaluation.metrics.continuation import kl_per_position  # noqa: F401  (also this module's name for it)
 from evaluation.store.results import ResultStore
 from kvpress_prob.registry import PRESSES
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from evaluation.report import stats
 from evaluation.bench.fidelity import FAMILIES, PAIRS
 from evaluation.bench.fidelity.measure import record_setting, setting
+from evaluation.report import stats
 from evaluation.store.results import ResultStore
 
 PER_SEED = ("kl", "kl_answer", "top1", "nll_answer", "realised_ratio")

@@ -15,12 +15,12 @@ from contextlib import contextmanager
 import torch
 from tqdm.auto import tqdm
 
-from evaluation.metrics.continuation import kl_per_position, nll_per_position
-from evaluation.tasks.prose.essays import Window
 from evaluation.engine import Compressed, Prefill, cache_summary, teacher_forced
-from evaluation.tasks.prose import DATASET
 from evaluation.engine.runner import Config
+from evaluation.metrics.continuation import kl_per_position, nll_per_position
 from evaluation.store.results import ResultStore, record_key
+from evaluation.tasks.prose import DATASET
+from evaluation.tasks.prose.essays import Window
 from kvpress_prob import correction
 
 logger = logging.getLogger("evaluation.tasks.prose")

@@ -13,9 +13,9 @@ from pathlib import Path
 import pandas as pd
 
 from evaluation.report import stats
-from evaluation.store import manifest
 from evaluation.report.aggregate import REFERENCE, win_scores
 from evaluation.report.tables import markdown_table
+from evaluation.store import manifest
 from evaluation.store.results import load_folders, results_files
 from kvpress_prob.registry import is_sampling
 

@@ -14,13 +14,13 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from evaluation.metrics.continuation import kl_per_position, nll_per_position
 from evaluation.engine import Prefill, teacher_forced
+from evaluation.engine.runner import Config
+from evaluation.metrics.continuation import kl_per_position, nll_per_position
+from evaluation.store.results import ResultStore
 from evaluation.tasks.prose.measure import compressed, pending
 from evaluation.tasks.recall import DATASET
 from evaluation.tasks.recall.cues import RecallWindow
-from evaluation.engine.runner import Config
-from evaluation.store.results import ResultStore
 
 logger = logging.getLogger("evaluation.tasks.recall")
 

@@ -13,8 +13,8 @@ from evaluation.report import stats
 from evaluation.report.aggregate import REFERENCE, win_scores
 from evaluation.tasks.prose.tables import (_ci, complete_windows, kl_ratio_cells, mean_cells, prepare, press_groups,
                                      write_essay_tables)
-from evaluation.tasks.prose.tables import references as prose_references
 from evaluation.report.tables import markdown_table
+from evaluation.tasks.prose.tables import references as prose_references
 
 VALUES = ("acc", "nll_delta", "kl")
 

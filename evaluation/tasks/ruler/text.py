@@ -9,8 +9,8 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from evaluation.store.assets import package_dir
 from evaluation.metrics.answers import RULER_TASKS
+from evaluation.store.assets import package_dir
 
 OFFLINE_TASKS = tuple(task for task in RULER_TASKS if not task.startswith("qa_"))
 HUB_TASKS = ("qa_1", "qa_2")

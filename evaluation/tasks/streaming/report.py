@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from evaluation.store.manifest import read
-from evaluation.report.tables import markdown_table
 from evaluation.report.stats import mean_table, paired_table
+from evaluation.report.tables import markdown_table
+from evaluation.store.manifest import read
 from evaluation.store.results import load_folders, results_files, write_atomic
 from evaluation.tasks.streaming.presses import BASELINES
 

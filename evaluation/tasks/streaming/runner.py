@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from evaluation.tasks.streaming.streams import Stream
 from evaluation.store.results import ResultStore, record_key
 from evaluation.tasks.streaming import metrics
 from evaluation.tasks.streaming.drive import Schedule, feed, full_logits
 from evaluation.tasks.streaming.presses import samples, stream_presses
+from evaluation.tasks.streaming.streams import Stream
 
 
 @dataclass(frozen=True)
