@@ -242,9 +242,11 @@ def demo_prose(args, load=None) -> None:
 
     out = Path(args.out) / "prose"
     _clear_results(out)
-    prose.cmd_run(argparse.Namespace(
-        model=args.model, **PROSE_DEMO, scored_tokens=prose.SCORED_TOKENS, out=out,
-        threads=0, no_report=True), load or _load, _model_name)
+    run_args = parser().parse_args(["prose", "run", "--split", PROSE_DEMO["split"], "--context", str(PROSE_DEMO["context"]),
+                                    "--presses", *PROSE_DEMO["presses"], "--out", str(out)])  # the other options at their defaults
+    vars(run_args).update(PROSE_DEMO, model=args.model, scored_tokens=prose.SCORED_TOKENS, out=out, threads=0,
+                          no_report=True)
+    prose.cmd_run(run_args, load or _load, _model_name)
     reference = _reference(args.prose_reference, args.no_reference)
     if reference:
         from evaluation.report.side_by_side import prose_comparison_markdown

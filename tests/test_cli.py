@@ -230,5 +230,7 @@ def test_demo_prose_runs_the_prose_preset_afresh_and_compares(monkeypatch, tmp_p
     assert seen["out"] == out / "prose" and seen["presses"] == PROSE_DEMO["presses"] and seen["split"] == "dev"
     assert seen["max_windows"] == PROSE_DEMO["max_windows"] and seen["max_per_essay"] == 1 and seen["no_report"]
     assert seen["scored_tokens"] == prose.SCORED_TOKENS
+    # every option of kvprob prose run is set: the run's command line is written from them
+    assert prose.command_line(types.SimpleNamespace(**seen)).startswith("kvprob prose run")
     printed = capsys.readouterr().out
     assert "## Prose: this run" in printed and f"| {PROSE_DEMO['presses'][-1]} | 0.5 | 0.1000 | 0.1000 | 0.0000 |" in printed
