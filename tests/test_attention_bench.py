@@ -5,9 +5,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from evaluation.bench.attention import capture_heads, head_errors, measures
-from evaluation.bench.attention_report import correlations
 from evaluation.engine import Prefill, teacher_forced
+from experiments.attention.report import correlations
+from experiments.attention.run import capture_heads, head_errors, measures
 from tests.conftest import random_ids, tiny_model
 
 
@@ -70,7 +70,7 @@ def test_correlations_find_a_measure_that_orders_scores_within_ratio():
 
 
 def test_retention_weighs_kept_needle_attention_by_head_mass():
-    from evaluation.bench.attention import retention
+    from experiments.attention.run import retention
 
     attention = torch.zeros(1, 4, 2)  # 1 layer, 4 query heads (2 per KV head), needle of 2 tokens
     attention[0, 0] = torch.tensor([0.3, 0.1])  # KV head 0

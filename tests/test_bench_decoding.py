@@ -1,10 +1,10 @@
-"""The long-generation bench builds every press at the bytes of its target (evaluation/bench/decoding.py)."""
+"""The long-generation bench builds every press at the bytes of its target (experiments/decoding.py)."""
 
 import pytest
 import torch
 from kvpress import DecodingPress, SnapKVPress
 
-from evaluation.bench.decoding import build
+from experiments.decoding import build
 from kvpress_prob.decoding.press import SamplingDecodingPress
 
 

@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 
 from evaluation import cli
-from evaluation.assets import INSTALL, MissingAssetError, install_command, package_dir
-from evaluation.datasets import ruler
 from evaluation.presets import DEMO_PRESSES, PRESETS
-from evaluation.press_info import describe
+from evaluation.report.press_info import describe
+from evaluation.store.assets import INSTALL, MissingAssetError, install_command, package_dir
+from evaluation.tasks.ruler import offline as ruler
 from kvpress_prob.models import embedded_model_path
 from kvpress_prob.names.registry import CATALOGUE, PRESSES
 
@@ -137,10 +137,15 @@ def test_fresh_removes_only_records_and_report(tmp_path):
 
 def test_demo_runs_cpu_quick_afresh_and_compares(monkeypatch, tmp_path):
     seen = {}
-    monkeypatch.setattr(cli, "cmd_reproduce", lambda args: seen.update(vars(args)))
-    monkeypatch.setattr(cli, "demo_prose", lambda args: seen.update(prose=args.prose_reference))
+    loads = []
+    monkeypatch.setattr(cli, "_load", lambda args: loads.append(args.model) or ("model", "tokenizer"))
+    monkeypatch.setattr(cli, "cmd_reproduce", lambda args, load: seen.update(vars(args), ruler=load(args)))
+    monkeypatch.setattr(cli, "demo_prose", lambda args, load: seen.update(prose=args.prose_reference,
+                                                                          prose_model=load(args)))
     cli.main(["demo", "--out", str(tmp_path / "demo")])
     assert seen.pop("prose") == "results/prose-quick"
+    # both parts run on one loaded model and tokenizer
+    assert seen.pop("ruler") == seen.pop("prose_model") == ("model", "tokenizer") and loads == [None]
     assert seen["preset"] == "cpu-quick" and seen["fresh"] and seen["reference"] == "results/cpu-quick"
     assert PRESETS["cpu-quick"]["presses"] is DEMO_PRESSES
     cli.main(["demo", "--out", str(tmp_path / "demo"), "--reference", str(tmp_path / "none")])
@@ -148,8 +153,8 @@ def test_demo_runs_cpu_quick_afresh_and_compares(monkeypatch, tmp_path):
 
 
 def test_comparison_puts_two_runs_side_by_side(tmp_path):
-    from evaluation.side_by_side import average_comparison, comparison_markdown, results_files
-    from evaluation.store import load_results
+    from evaluation.report.side_by_side import average_comparison, comparison_markdown, results_files
+    from evaluation.store.results import load_results
 
     def write(folder, scores):
         folder.mkdir()
@@ -182,8 +187,8 @@ def test_data_dir_is_the_ruler_context_length():
 
 
 def test_prose_comparison_puts_mean_kl_side_by_side(tmp_path):
-    from evaluation.side_by_side import kl_table, prose_comparison_markdown
-    from evaluation.store import load_results, results_files
+    from evaluation.report.side_by_side import kl_table, prose_comparison_markdown
+    from evaluation.store.results import load_results, results_files
 
     def write(folder, kls):
         folder.mkdir()
@@ -208,7 +213,7 @@ def test_prose_comparison_puts_mean_kl_side_by_side(tmp_path):
 def test_demo_prose_runs_the_prose_preset_afresh_and_compares(monkeypatch, tmp_path, capsys):
     import types
 
-    from evaluation.prose import cli as prose
+    from evaluation.tasks.prose import cli as prose
     from evaluation.presets import PROSE_DEMO
 
     seen = {}
@@ -229,5 +234,7 @@ def test_demo_prose_runs_the_prose_preset_afresh_and_compares(monkeypatch, tmp_p
     assert seen["out"] == out / "prose" and seen["presses"] == PROSE_DEMO["presses"] and seen["split"] == "dev"
     assert seen["max_windows"] == PROSE_DEMO["max_windows"] and seen["max_per_essay"] == 1 and seen["no_report"]
     assert seen["scored_tokens"] == prose.SCORED_TOKENS
+    # every option of kvprob prose run is set: the run's command line is written from them
+    assert prose.command_line(types.SimpleNamespace(**seen)).startswith("kvprob prose run")
     printed = capsys.readouterr().out
     assert "## Prose: this run" in printed and f"| {PROSE_DEMO['presses'][-1]} | 0.5 | 0.1000 | 0.1000 | 0.0000 |" in printed

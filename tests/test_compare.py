@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from evaluation.compare import best_topk, markdown, score_means, versus_best
+from evaluation.report.compare import best_topk, markdown, score_means, versus_best
 
 
 def frame():
@@ -53,8 +53,8 @@ def test_markdown_names_the_split_and_the_champion():
 
 
 def test_shared_examples_keep_only_examples_every_press_completed():
-    from evaluation.aggregate import prepare
-    from evaluation.compare import shared_examples
+    from evaluation.report.aggregate import prepare
+    from evaluation.report.compare import shared_examples
 
     df = prepare(frame())
     df = df[~((df["press"] == "knorm") & (df["example_id"] == "e3"))]  # knorm missing on one example

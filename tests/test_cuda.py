@@ -39,8 +39,8 @@ def test_correction_matches_dense_reference_on_cuda(name, tau, dtype):
 
 def test_runner_sweep_on_cuda_matches_the_pipeline(tmp_path, tokenizer):
     """Batched decoding on CUDA gives the kvpress pipeline's answers (decode_batch 1), config by config."""
-    from evaluation.runner import configurations, run
-    from evaluation.store import ResultStore
+    from evaluation.engine.runner import configurations, run
+    from evaluation.store.results import ResultStore
 
     model = tiny_model("qwen3").to("cuda")
     model.generation_config.eos_token_id = 2
@@ -60,7 +60,7 @@ def test_runner_sweep_on_cuda_in_bfloat16_matches_the_pipeline(tmp_path, tokeniz
     """In bfloat16 (what load_model picks on CUDA), one-at-a-time decoding on the shared prefill gives the
     pipeline's answers from scratch exactly. (Batched decoding is checked in float32 above: in bfloat16 its
     other summation order can flip a greedy near-tie, 1 of 26 answers on the CPU's tiny Qwen3.)"""
-    from evaluation.store import ResultStore
+    from evaluation.store.results import ResultStore
 
     model = tiny_model("qwen3", dtype=torch.bfloat16).to("cuda")
     check_sweep_equals_the_pipeline(model, tokenizer, ResultStore(tmp_path / "bf16.jsonl"))
@@ -115,8 +115,8 @@ def test_shared_prefill_quick_on_cuda(tmp_path):
 def test_runner_over_two_gpus_matches_one_gpu(tmp_path, tokenizer):
     """``load_model(device_map=...)`` with the layers split over cuda:0 and cuda:1: every tensor stays
     on its layer's device and the runner answers as on one GPU."""
-    from evaluation.runner import configurations, run
-    from evaluation.store import ResultStore
+    from evaluation.engine.runner import configurations, run
+    from evaluation.store.results import ResultStore
     from kvpress_prob.models import load_model
 
     tiny_model("llama").save_pretrained(tmp_path / "tiny")

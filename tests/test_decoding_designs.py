@@ -8,8 +8,8 @@ import torch
 from conftest import random_ids, tiny_model
 from transformers import DynamicCache
 
-from evaluation.streaming.drive import Schedule
-from evaluation.streaming.presses import equal_memory_target, stream_presses
+from evaluation.tasks.streaming.drive import Schedule
+from evaluation.tasks.streaming.presses import equal_memory_target, stream_presses
 from kvpress_prob.correction import bias as correction
 from kvpress_prob.decoding import rounds
 from kvpress_prob.decoding.press import SamplingDecodingPress
@@ -128,10 +128,10 @@ def test_design_names_build_and_decode(name):
 
 
 def test_weights_watch_follows_positions_and_weights():
-    """evaluation.streaming.weights on a tiny model: the full cache has equal weights counting every token
+    """experiments.stream_weights on a tiny model: the full cache has equal weights counting every token
     seen; a corrected press's weights, after rounds, are unequal (ESS < 1), and the positions it follows are
     the ones its layer-0 keys hold (layer 0's keys depend only on token and position)."""
-    from evaluation.streaming.weights import Watch, summarise, watch_stream
+    from experiments.stream_weights import Watch, summarise, watch_stream
 
     model = tiny_model("llama")
     ids = random_ids(32 + 8 * 6 + 9, seed=19)

@@ -8,10 +8,11 @@ import torch
 from conftest import random_ids, tiny_model
 from scipy import stats
 
-from evaluation.bench.decompose import kept_positions, needle_positions, survival
-from evaluation.bench.decompose_steps import step_configs
-from evaluation.bench.decompose_report import paired_changes
 from evaluation.engine import Prefill
+from evaluation.metrics.survival import kept_positions, survival
+from evaluation.tasks.ruler.needles import needle_positions
+from experiments.decompose.report import paired_changes
+from experiments.decompose.steps import step_configs
 from kvpress_prob.names.registry import get_press
 
 

@@ -5,7 +5,7 @@ What is read:
   ``#`` starts a comment) and inline code spans that start with ``kvprob`` or ``python -m``;
 - paths: tokens of those commands and of inline code spans, and relative link targets, that start
   with a top-level folder of the repository (``results/``, ``tests/``, ``docs/``, ``evaluation/``,
-  ``kvpress_prob/``) or name a top-level file; ``tests/x.py::name`` also needs ``def name`` in x.py.
+  ``experiments/``, ``kvpress_prob/``, any other) or name a top-level file; ``tests/x.py::name`` also needs ``def name`` in x.py.
 
 Checks:
 - Every link to a heading (``page.md#anchor``, ``#anchor``) names a heading of that page.
@@ -35,7 +35,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "results" / "README.md"]
-TOP = ("results/", "tests/", "docs/", "evaluation/", "kvpress_prob/")
+# every top-level folder of the repository (results/, tests/, docs/, evaluation/, experiments/, kvpress_prob/, ...)
+TOP = tuple(sorted(f"{p.name}/" for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))
+                   and p.name not in ("build", "dist") and not p.name.endswith(".egg-info")))
 TOP_FILES = ("README.md", "Makefile", "pyproject.toml", "LICENSE")
 IGNORED = ("results/demo",)  # git-ignored outputs of `make demo`
 FENCE = re.compile(r"^```(\w*)\s*$")
@@ -126,7 +128,7 @@ def check_command(words: list[str], full: bool) -> str | None:
             return None  # the program's name
         return parse(args if full else args[:1] + (["--help"] if args[0] != "--help" else []), kvprob_parser())
     if module == "evaluation.bench":
-        if not args:
+        if not args or placeholder(args[0]):
             return None
         bench, own = bench_parser(args[0])
         if own:
@@ -136,6 +138,8 @@ def check_command(words: list[str], full: bool) -> str | None:
         files = [a.split("::")[0] for a in args if not a.startswith("-")]
         missing = [f for f in files if not (ROOT / f).is_file()]
         return f"no test file {missing}" if missing else None
+    if placeholder(module):  # python -m experiments.<study>
+        return None
     return None if importlib.util.find_spec(module) else f"no module {module}"
 
 
@@ -217,7 +221,8 @@ def test_the_checker_finds_what_it_should(tmp_path, monkeypatch):
             "kvprob report --results results/new-run\nkvprob run --presses snapkv --ratios 2 --out x\n```\n"
             "See `tests/test_nope.py` and `tests/test_docs.py::test_missing`, `kvprob merge` and\n"
             "`kvprob compare --results results/never-run\n--split test` and [a](../results/gone/).\n"
-            "[b](../README.md#no-such-heading), [c](../README.md#faq)\n")
+            "[b](../README.md#no-such-heading), [c](../README.md#faq)\n"
+            "`python -m experiments.nope`, `python -m experiments.<study>` in `experiments/nope.py`\n")
     monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: text if self == doc else Path.read_bytes(self).decode())
     found = problems(doc)
     assert any(f.startswith("docs/_probe.md:6: `kvprob run --presses snapkv --ratios 2") for f in found), found
@@ -227,7 +232,10 @@ def test_the_checker_finds_what_it_should(tmp_path, monkeypatch):
                for f in found), found
     assert "docs/_probe.md:10: results/gone does not exist" in found
     assert "docs/_probe.md:11: ../README.md#no-such-heading: no heading #no-such-heading in README.md" in found
-    assert len(found) == 6, found  # the run's --out folder, reported on next, and `kvprob merge` are fine
+    assert "docs/_probe.md:12: `python -m experiments.nope`: no module experiments.nope" in found
+    assert "docs/_probe.md:12: experiments/nope.py does not exist" in found  # any top-level folder is checked
+    assert "experiments/" in TOP and "evaluation/" in TOP
+    assert len(found) == 8, found  # the run's --out folder, reported on next, `kvprob merge` and <study> are fine
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)

@@ -40,7 +40,7 @@ def test_attention_proposals_match_the_embedded_models_eager_attention(pipe):
 
 def test_shared_prefill_equals_the_pipeline_on_the_embedded_model(pipe):
     from evaluation.engine import Compressed, Prefill, generate_batch
-    from evaluation.runner import Config
+    from evaluation.engine.runner import Config
 
     context = NOISE * 10 + "One of the special magic numbers for bold-lake is: 7301942. " + NOISE * 10
     question, prefix = "What is the special magic number for bold-lake?", "The special magic number is"

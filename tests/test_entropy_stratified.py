@@ -209,11 +209,11 @@ def test_registered_with_uncorrected_twins(name):
 
 
 def test_alpha_diagnostic_reads_every_layer_and_head():
-    """evaluation.bench.entropy_alpha.alphas: one prefill under the press gives (layers, KV heads) alphas in
+    """experiments.entropy_alpha.alphas: one prefill under the press gives (layers, KV heads) alphas in
     [0, 1], and they move with the budget."""
     from conftest import random_ids, tiny_model
 
-    from evaluation.bench.entropy_alpha import alphas
+    from experiments.entropy_alpha import alphas
 
     model = tiny_model("llama")
     a = alphas(model, random_ids(64, seed=1), "prob_min_h_ent_alpha", 0.5)

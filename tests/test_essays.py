@@ -1,4 +1,4 @@
-"""The prose windows and their split (evaluation/datasets/essays.py, docs/protocol.md "Prose split")."""
+"""The prose windows and their split (evaluation/tasks/prose/essays.py, docs/protocol.md "Prose split")."""
 
 import hashlib
 import re
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.datasets import essays
+from evaluation.tasks.prose import essays
 
 ROOT = Path(__file__).resolve().parent.parent
 # the development split as written into docs/protocol.md before any prose result was read

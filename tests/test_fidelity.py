@@ -9,12 +9,12 @@ import pytest
 import torch
 from conftest import random_ids, tiny_model
 
-from evaluation import stats
 from evaluation.bench.fidelity import measure as M
 from evaluation.bench.fidelity import report as R
 from evaluation.bench.fidelity import tables as T
 from evaluation.engine import Prefill, press_prefill, teacher_forced
-from evaluation.runner import Config
+from evaluation.engine.runner import Config
+from evaluation.report import stats
 
 N_CONTEXT = 160
 N_CONT = 12
@@ -152,7 +152,7 @@ def _record(example, press, kl, ratio=0.5, tau="1", method=None, seeds=(0,), bud
 
 
 def test_report_tables_from_records(tmp_path):
-    from evaluation.store import ResultStore
+    from evaluation.store.results import ResultStore
 
     records = []
     for i, (top, samp) in enumerate([(0.5, [0.1, 0.3]), (0.4, [0.2, 0.2]), (0.6, [0.3, 0.5])]):
@@ -180,7 +180,7 @@ def test_report_tables_from_records(tmp_path):
 
 
 def test_loglog_slope_and_backfilled_m(tmp_path):
-    from evaluation.store import ResultStore
+    from evaluation.store.results import ResultStore
 
     x = np.array([10.0, 20.0, 40.0, 80.0])
     assert T.loglog_slope(x, 3.0 / x**2) == pytest.approx(-2.0)
@@ -198,7 +198,7 @@ def test_loglog_slope_and_backfilled_m(tmp_path):
 
 
 def test_scope_table(tmp_path):
-    from evaluation.store import ResultStore
+    from evaluation.store.results import ResultStore
 
     records = []
     for i, (top, glob, head) in enumerate([(0.5, 0.3, 0.2), (0.4, 0.2, 0.25), (0.6, 0.5, 0.3)]):

@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("evaluation", "kvpress_prob")
+PACKAGES = ("evaluation", "experiments", "kvpress_prob")
 
 
 def modules() -> dict[str, Path]:
@@ -77,8 +77,8 @@ def test_the_graph_reader_sees_imports_inside_functions():
     assert find_cycle(graph) == ["a", "b", "c", "a"] and find_cycle({"a": {"b"}, "b": set()}) is None
     known = modules()
     graph = {name: imports(name, path, known) for name, path in known.items()}
-    assert "evaluation.runner" in graph["evaluation.cli"]  # imported inside cmd_run only
-    assert "evaluation.datasets.ruler_text" in graph["evaluation.datasets.ruler_words"]
+    assert "evaluation.engine.runner" in graph["evaluation.cli"]  # imported inside cmd_run only
+    assert "evaluation.tasks.ruler.text" in graph["evaluation.tasks.ruler.words"]
 
 
 def test_no_import_circles():

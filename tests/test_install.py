@@ -42,9 +42,12 @@ def test_wheel_holds_the_packages_license_and_typing_marker(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert "kvpress_prob/py.typed" in names
     assert "kvpress_prob/integrations/kvpress_eval.py" in names and "evaluation/cli.py" in names
-    assert "evaluation/datasets/ruler.py" in names and "evaluation/bench/__main__.py" in names
+    assert "evaluation/tasks/ruler/offline.py" in names and "evaluation/bench/__main__.py" in names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
-    assert not any(n.startswith(("tests/", "results/")) for n in names)
+    assert all(f"evaluation/{sub}/__init__.py" in names
+               for sub in ("tasks", "tasks/ruler", "tasks/prose", "tasks/recall", "tasks/streaming", "metrics", "engine",
+                           "store", "report", "bench", "gpu_check"))
+    assert not any(n.startswith(("tests/", "results/", "experiments/")) for n in names)  # studies run from a checkout
     meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
     text = zipfile.ZipFile(wheel).read(meta).decode()
     assert "License-Expression: Apache-2.0" in text and "Requires-Dist: kvpress==0.5.5" in text
@@ -53,7 +56,7 @@ def test_wheel_holds_the_packages_license_and_typing_marker(wheel):
 
 
 def test_installed_cli_runs_help_and_a_tiny_generate(wheel, tmp_path):
-    from evaluation.assets import MissingAssetError, require_embedded_model
+    from evaluation.store.assets import MissingAssetError, require_embedded_model
     from kvpress_prob.models import EMBEDDED_NAME, embedded_model_path
 
     site = tmp_path / "site"

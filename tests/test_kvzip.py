@@ -113,3 +113,34 @@ def test_allocation_over_layers_holds_at_most_kvpress_bytes_without_padding(pref
     flat = scores.reshape(-1)
     top = flat.topk(int(0.5 * flat.numel())).indices // (H * N)
     assert counts == [max(1, int((top == layer).sum()) // H) for layer in range(L)]
+
+
+@pytest.mark.parametrize("name", ["topk_kvzip_widest", "topk_kvzip_ragged_fit", "prob_kvzip_priority_head",
+                                  "cross_kvzip_block1_a75_mix50_layers"])
+def test_the_shared_prefill_compresses_a_kvzip_press_as_its_own_prefill_does(name):
+    """``Prefill.compress`` of a KVzip press (no prefill of its own: the shared cache, the tail proposal from the
+    shared hooks) leaves the same keys, values and correction bias as a prefill under the press, each computing
+    KVzip's scores afresh."""
+    from evaluation.engine import Prefill
+    from evaluation.engine.prefill import plan
+    from kvpress_prob.correction.bias import bias_of
+    from kvpress_prob.presses.sampling import language_model
+
+    model, ids = tiny_model("qwen3"), random_ids(N, seed=3)
+    modules = [layer.self_attn for layer in language_model(model).layers]
+    assert plan(model, get_press(name, 0.5, seed=1), N).kind == "kvzip"
+    for ratio in (0.25, 0.75):
+        kvzip._SCORES.clear()
+        own = press_prefill(model, ids, get_press(name, ratio, seed=1))
+        own_bias = [bias_of(m, own) for m in modules]
+        kvzip._SCORES.clear()
+        press = get_press(name, ratio, seed=1)
+        shared = Prefill(model, ids, [press, get_press("prob_min_h_priority_head", 0.5)])
+        replayed = shared.compress(press)
+        assert shared.prefills == 1 and len(kvzip._SCORES) == 1
+        for m, a, b, bias in zip(modules, own.layers, replayed.layers, own_bias):
+            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+            other = bias_of(m, replayed)
+            assert (bias is None) == (other is None) and (bias is None or torch.equal(bias, other))
+        assert all(torch.equal(k, layer.keys) for k, layer in zip(shared.keys, shared.full_cache.layers))
+    kvzip._SCORES.clear()

@@ -5,9 +5,9 @@ exactly its masked set and of a float64 reference with explicit weights; equal-m
 import pytest
 import torch
 
-from evaluation.bench.zip_gap import dense_reference, float64_copy, masked_keep
 from evaluation.engine import Compressed, cache_summary, generate_batch, press_prefill, teacher_forced
-from evaluation.prose.measure import masks_as_bias
+from evaluation.tasks.prose.measure import masks_as_bias
+from experiments.zip_gap import dense_reference, float64_copy, masked_keep
 from kvpress_prob.correction import bias as correction
 from kvpress_prob.presses import kvzip
 from kvpress_prob.presses.kvzip_alloc import KVzipAllocatedPress, allocation_keep, kvzip_keep, top_counts, widest_fit

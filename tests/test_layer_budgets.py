@@ -9,8 +9,8 @@ import torch
 from conftest import random_ids, tiny_model
 from transformers import DynamicCache
 
-from evaluation.streaming.drive import Schedule, feed
-from evaluation.streaming.presses import stream_presses
+from evaluation.tasks.streaming.drive import Schedule, feed
+from evaluation.tasks.streaming.presses import stream_presses
 from kvpress_prob.correction import bias as correction
 from kvpress_prob.names.decoding import get_decoding_press
 from kvpress_prob.decoding.layer_budgets import LayerBudgetDecodingPress, allocate, spread

@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 from transformers import AutoTokenizer
 
-from evaluation.datasets import FRAME_COLUMNS, count_tokens, load_dataset_frame
-from evaluation.datasets.longbench import load_longbench
+from evaluation.tasks import FRAME_COLUMNS, count_tokens, load_dataset_frame
+from evaluation.tasks.longbench import load_longbench
 from kvpress_prob.models import embedded_model_path
 
 SHORT_PASSAGES = "Passage 1:\nAda Lovelace\nAda wrote the first program.\n\nPassage 2:\nCharles Babbage\nHe designed engines."

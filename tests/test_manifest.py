@@ -8,7 +8,8 @@ import torch
 from conftest import tiny_model
 from test_runner import examples
 
-from evaluation import cli, manifest
+from evaluation import cli
+from evaluation.store import manifest
 
 
 @pytest.fixture
@@ -123,16 +124,18 @@ def test_reading_a_missing_folder_is_an_error_naming_it(tmp_path, command):
 
 
 def test_a_readonly_store_of_a_missing_file_raises():
-    from evaluation.store import ResultStore, load_results
+    from evaluation.store.results import ResultStore, load_results
 
     with pytest.raises(FileNotFoundError, match="no results file nowhere.jsonl"):
         load_results("nowhere.jsonl")
     assert ResultStore("/nonexistent-dir/new.jsonl", readonly=False).records() == []  # a store to write starts empty
 
 
-@pytest.mark.parametrize("argv", [["decompose", "--report"], ["fidelity", "--report-only"]])
-def test_bench_reports_refuse_a_missing_folder(tmp_path, argv):
+def test_bench_and_study_reports_refuse_a_missing_folder(tmp_path):
     from evaluation.bench.__main__ import main
+    from experiments.decompose.run import main as decompose
 
     with pytest.raises(FileNotFoundError, match="never-run"):
-        main([*argv, "--out", str(tmp_path / "never-run")])
+        main(["fidelity", "--report-only", "--out", str(tmp_path / "never-run")])
+    with pytest.raises(FileNotFoundError, match="never-run"):
+        decompose(["--report", "--out", str(tmp_path / "never-run")])

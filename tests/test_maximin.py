@@ -1,10 +1,10 @@
-"""The maximin rule (evaluation/maximin.py) on hand-made records: q per regime, worst, the memory check."""
+"""The maximin rule (evaluation/report/maximin.py) on hand-made records: q per regime, worst, the memory check."""
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from evaluation.maximin import maximin, picks
+from evaluation.report.maximin import maximin, picks
 
 
 def _records(values: dict, column: str, held: dict | None = None) -> pd.DataFrame:
@@ -86,7 +86,7 @@ def test_a_press_over_the_memory_tolerance_is_never_picked():
 def test_fields_set_counts_fields_away_from_defaults_through_nested_dataclasses():
     from dataclasses import dataclass, field
 
-    from evaluation.maximin import fields_set
+    from evaluation.report.maximin import fields_set
 
     @dataclass
     class Inner:
@@ -106,14 +106,14 @@ def test_fields_set_counts_fields_away_from_defaults_through_nested_dataclasses(
 
 
 def test_design_size_of_registered_presses():
-    from evaluation.maximin import design_size
+    from evaluation.report.maximin import design_size
 
     assert design_size("snapkv") == 0
     assert design_size("prob_min_h_priority_head") > design_size("prob_min_h_priority")
 
 
 def test_intervals_are_paired_q_against_each_regimes_best():
-    from evaluation.maximin import intervals
+    from evaluation.report.maximin import intervals
 
     rng = np.random.default_rng(0)
     base = rng.uniform(1, 2, size=6)

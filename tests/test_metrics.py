@@ -2,7 +2,7 @@
 
 import pytest
 
-from evaluation.metrics import (
+from evaluation.metrics.answers import (
     TASKS,
     clean_ruler_prediction,
     normalize_answer,

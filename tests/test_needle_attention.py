@@ -1,11 +1,11 @@
-"""evaluation/needle_attention.py: attention shares of the question's last token on a compressed cache."""
+"""experiments/needle_attention.py: attention shares of the question's last token on a compressed cache."""
 
 import pytest
 import torch
 from conftest import tiny_model
 
 from evaluation.engine import Prefill
-from evaluation.needle_attention import shares
+from experiments.needle_attention import shares
 from kvpress_prob import get_press
 
 

@@ -1,11 +1,11 @@
-"""evaluation/pairs.py: paired scores and bytes held, the adaptive presses' bias counted."""
+"""evaluation/report/pairs.py: paired scores and bytes held, the adaptive presses' bias counted."""
 
 import argparse
 
 import pandas as pd
 import pytest
 
-from evaluation.pairs import pair_table, parse_pair
+from evaluation.report.pairs import pair_table, parse_pair
 
 
 def test_pair_table_pairs_examples_and_counts_the_bias_in_bytes_held():

@@ -11,8 +11,8 @@ from kvpress import KVPressTextGenerationPipeline
 
 from evaluation.bench.fidelity import measure as fidelity
 from evaluation.engine import Prefill
-from evaluation.runner import Config, run
-from evaluation.store import ResultStore
+from evaluation.engine.runner import Config, run
+from evaluation.store.results import ResultStore
 from kvpress_prob import SamplingPress, get_press
 from kvpress_prob.names import registry
 from kvpress_prob.proposals.base import Proposal

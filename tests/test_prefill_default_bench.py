@@ -1,9 +1,9 @@
-"""The prefill-default bench's summary (evaluation/bench/speed/prefill_default.py): each press's time
+"""The prefill-default bench's summary (experiments/prefill_default.py): each press's time
 over snapkv's in the same round, the median over rounds; groups already written are skipped."""
 
 import pytest
 
-from evaluation.bench.speed.prefill_default import done_groups, markdown, summarise
+from experiments.prefill_default import done_groups, markdown, summarise
 
 
 def row(n, rep, press, seconds):

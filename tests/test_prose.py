@@ -1,4 +1,4 @@
-"""The prose benchmark (evaluation/prose/): its metric against a hand computation, the full cache
+"""The prose benchmark (evaluation/tasks/prose/): its metric against a hand computation, the full cache
 against itself, every kind of registry press on tiny models, resumption and refused resumes, and the
 tables' paired statistics against scipy directly."""
 
@@ -11,14 +11,15 @@ import pytest
 import torch
 from scipy import stats as sps
 
-from evaluation import cli, manifest
-from evaluation.datasets.essays import windows
+from evaluation import cli
 from evaluation.engine import Prefill, press_prefill, teacher_forced
-from evaluation.prose import tables
-from evaluation.prose.measure import order, run, window_metrics
-from evaluation.runner import Config, configurations
-from evaluation.stats import ratio_ci
-from evaluation.store import ResultStore
+from evaluation.engine.runner import Config, configurations
+from evaluation.report.stats import ratio_ci
+from evaluation.store import manifest
+from evaluation.store.results import ResultStore
+from evaluation.tasks.prose import tables
+from evaluation.tasks.prose.essays import windows
+from evaluation.tasks.prose.measure import order, run, window_metrics
 from tests.conftest import tiny_model
 
 N, T = 128, 16  # a tiny model's windows: 128 context tokens, 16 scored

@@ -16,7 +16,7 @@ def first_python_block(text: str) -> str:
 
 
 def embedded_model_missing() -> str | None:
-    from evaluation.assets import MissingAssetError, require_embedded_model
+    from evaluation.store.assets import MissingAssetError, require_embedded_model
 
     try:
         require_embedded_model()

@@ -1,17 +1,18 @@
-"""The recall benchmark (evaluation/recall/): sentence finding on hand-made tokens, cues on the real
+"""The recall benchmark (evaluation/tasks/recall/): sentence finding on hand-made tokens, cues on the real
 essays, the full cache against itself, the cache restored between cues, a run with every kind of press
 and its resume, the tables, the CLI's manifest."""
 
 import pytest
 import torch
 
-from evaluation import cli, manifest
+from evaluation import cli
 from evaluation.engine import Prefill
-from evaluation.recall import tables
-from evaluation.recall.cues import sentence_spans, window_cues, windows
-from evaluation.recall.measure import cue_logits, cue_metrics, run, window_metrics
-from evaluation.runner import Config, configurations
-from evaluation.store import ResultStore
+from evaluation.engine.runner import Config, configurations
+from evaluation.store import manifest
+from evaluation.store.results import ResultStore
+from evaluation.tasks.recall import tables
+from evaluation.tasks.recall.cues import sentence_spans, window_cues, windows
+from evaluation.tasks.recall.measure import cue_logits, cue_metrics, run, window_metrics
 from tests.conftest import tiny_model
 
 N = 128

@@ -1,9 +1,9 @@
-"""Tests of evaluation.report: files written, numbers in the markdown, valid PNGs."""
+"""Tests of evaluation.report.tables: files written, numbers in the markdown, valid PNGs."""
 
 import pandas as pd
 import pytest
 
-from evaluation.report import markdown_table, write_report
+from evaluation.report.tables import markdown_table, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

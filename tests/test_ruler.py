@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 from transformers import AutoTokenizer
 
-from evaluation.datasets import FRAME_COLUMNS, count_tokens, load_dataset_frame
-from evaluation.datasets import ruler
-from evaluation.datasets.ruler import (
+from evaluation.tasks import FRAME_COLUMNS, count_tokens, load_dataset_frame
+from evaluation.tasks.ruler import offline as ruler
+from evaluation.tasks.ruler.offline import (
     NOISE,
     OFFLINE_TASKS,
     fit_size,
@@ -18,7 +18,7 @@ from evaluation.datasets.ruler import (
     split_sentences,
     spread_examples,
 )
-from evaluation.datasets.ruler_hub import load_ruler_hub
+from evaluation.tasks.ruler.hub import load_ruler_hub
 from kvpress_prob.models import embedded_model_path
 
 LENGTHS = (512, 1024)

@@ -10,8 +10,8 @@ from kvpress import KVPressTextGenerationPipeline
 
 from evaluation.cli import main as cli_main
 from evaluation.engine import Compressed, Prefill, generate_batch
-from evaluation.runner import Config, configurations, run
-from evaluation.store import ResultStore
+from evaluation.engine.runner import Config, configurations, run
+from evaluation.store.results import ResultStore
 
 FAMILIES = ["snapkv", "tova", "knorm", "streaming_llm", "h2o", "prob_min_h", "prob_snapkv", "prob_h2o_h_nocorr",
             "topk_min_h", "prob_min_h_coord", "prob_min_h_strata", "prob_min_h_ht"]

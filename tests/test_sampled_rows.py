@@ -119,7 +119,7 @@ def test_bad_row_count_is_refused():
 def test_bench_total_variation_is_zero_only_when_every_row_is_taken(model):
     from conftest import random_ids
 
-    from evaluation.bench.sampled_rows import sampled_press, total_variation
+    from experiments.sampled_rows import sampled_press, total_variation
     from evaluation.engine import Prefill
     from kvpress_prob.names.registry import get_press
 
@@ -134,7 +134,7 @@ def test_bench_total_variation_is_zero_only_when_every_row_is_taken(model):
 def test_paired_score_table_pairs_seed_means_on_shared_examples():
     import pandas as pd
 
-    from evaluation.bench.sampled_rows import paired_scores
+    from experiments.sampled_rows import paired_scores
 
     rows = []
     for i in range(6):

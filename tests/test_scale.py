@@ -13,8 +13,8 @@ from test_runner import FAMILIES, examples
 from transformers import DynamicCache
 
 from evaluation.engine import Compressed, Prefill, plan, press_prefill, stack
-from evaluation.runner import Config, configurations, run
-from evaluation.store import ResultStore
+from evaluation.engine.runner import Config, configurations, run
+from evaluation.store.results import ResultStore
 from kvpress_prob.proposals.attention import chunk_rows
 from kvpress_prob.presses.h2o import EagerObservedAttentionPress
 from kvpress_prob.names.registry import get_press
@@ -168,7 +168,7 @@ def test_stack_peaks_at_the_caches_plus_one_layer(monkeypatch):
 
 def test_runner_decodes_the_full_reference_alone(tmp_path, tokenizer, monkeypatch):
     """The full cache decodes apart from the compressed configurations (never padded together)."""
-    import evaluation.runner as runner
+    import evaluation.engine.runner as runner
 
     model = tiny_model("llama")
     model.generation_config.eos_token_id = 2

@@ -7,10 +7,10 @@ import torch
 from conftest import tiny_model
 from test_runner import examples
 
-import evaluation.runner as runner_module
+import evaluation.engine.runner as runner_module
 from evaluation.engine import sizing
-from evaluation.runner import configurations, run
-from evaluation.store import ResultStore
+from evaluation.engine.runner import configurations, run
+from evaluation.store.results import ResultStore
 
 KWARGS = dict(model_name="tiny", dataset="ruler", data_dir="64", progress=False)
 

@@ -1,4 +1,4 @@
-"""evaluation/stats.py against printed t tables, closed forms and hand computation."""
+"""evaluation/report/stats.py against printed t tables, closed forms and hand computation."""
 
 import math
 
@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from evaluation import stats
+from evaluation.report import stats
 
 # two-sided 95% Student-t quantiles t_{0.975, df} from printed tables
 T975 = {1: 12.706205, 2: 4.302653, 4: 2.776445, 5: 2.570582, 29: 2.045230}

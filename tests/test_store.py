@@ -1,4 +1,4 @@
-"""Tests of evaluation.store: JSON-lines results, crash safety, sharding, merging, kvpress folders."""
+"""Tests of evaluation.store.results: JSON-lines results, crash safety, sharding, merging, kvpress folders."""
 
 import json
 import os
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from evaluation.store import (
+from evaluation.store.results import (
     ResultStore,
     StoreCorruptError,
     merge,
@@ -20,8 +20,8 @@ from evaluation.store import (
     record_key,
     shard,
     write_atomic,
-    write_kvpress_folder,
 )
+from evaluation.store.kvpress_folders import write_kvpress_folder
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -208,7 +208,7 @@ def test_write_atomic_replaces_whole_file(tmp_path):
 WRITER = textwrap.dedent(
     """
     import sys, time
-    from evaluation.store import ResultStore
+    from evaluation.store.results import ResultStore
     store = ResultStore(sys.argv[1])
     done = store.done_keys()
     i = 0
@@ -306,7 +306,7 @@ def test_shard_is_stable_across_processes():
     """The split must not use Python's salted hash(): another process gives the same shards."""
     code = (
         "import json, sys\n"
-        "from evaluation.store import shard\n"
+        "from evaluation.store.results import shard\n"
         "items = [f'ex{i}' for i in range(50)]\n"
         "print(json.dumps(shard(items, '2/3')))\n"
     )

@@ -9,11 +9,11 @@ import torch
 from conftest import random_ids, tiny_model
 from kvpress import DecodingPress, KnormPress
 
-from evaluation.datasets.streams import Stream
-from evaluation.store import ResultStore
-from evaluation.streaming import metrics, runner
-from evaluation.streaming.drive import Schedule, feed, full_logits
-from evaluation.streaming.presses import DETERMINISTIC
+from evaluation.store.results import ResultStore
+from evaluation.tasks.streaming import metrics, runner
+from evaluation.tasks.streaming.drive import Schedule, feed, full_logits
+from evaluation.tasks.streaming.presses import DETERMINISTIC
+from evaluation.tasks.streaming.streams import Stream
 from kvpress_prob.decoding.scorers import H2OPress, buffered_attention
 
 
@@ -201,8 +201,8 @@ def test_resume_after_a_kill_loses_no_finished_stream(tmp_path, monkeypatch):
 
 
 def test_streams_tile_the_split_without_overlap(tokenizer):
-    from evaluation.datasets.essays import essay_ids, essays, split_of
-    from evaluation.datasets.streams import streams
+    from evaluation.tasks.prose.essays import essay_ids, essays, split_of
+    from evaluation.tasks.streaming.streams import streams
 
     n = 2048
     found = streams(tokenizer, "dev", n)

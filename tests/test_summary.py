@@ -11,7 +11,7 @@ from kvpress import KeyDiffPress, KVPressTextGenerationPipeline
 from test_runner import examples, one_and_batched
 
 from evaluation.engine import Prefill
-from evaluation.runner import configurations
+from evaluation.engine.runner import configurations
 from kvpress_prob import get_press
 from kvpress_prob.correction import bias as correction
 from kvpress_prob.correction.attention import corrected_sdpa

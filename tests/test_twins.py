@@ -1,9 +1,9 @@
-"""evaluation/twins.py: paired differences of a press and its twin, overall and on one task."""
+"""evaluation/report/twins.py: paired differences of a press and its twin, overall and on one task."""
 
 import pandas as pd
 
-from evaluation.aggregate import prepare
-from evaluation.twins import pair_rows
+from evaluation.report.aggregate import prepare
+from evaluation.report.twins import pair_rows
 
 
 def test_twins_table_pairs_examples_and_reports_one_task():

@@ -1,4 +1,4 @@
-"""Benchmarks of kvpress-prob: ``python -m evaluation.bench {speed,budget,oracle,fidelity,shared-prefill,decompose}``.
+"""Benchmarks of kvpress-prob: ``python -m evaluation.bench {speed,budget,oracle,fidelity,memory,shared-prefill,decode-speed}``.
 
 - ``speed``: prefill time, decode tokens/s, cache bytes and prefill peak memory of probabilistic
   eviction vs kvpress top-k;
@@ -7,8 +7,8 @@
 - ``oracle``: exact (brute-force) eviction on small synthetic instances vs top-k and sampling;
 - ``fidelity``: end-to-end KL to the full cache and layer-wise attention error;
 - ``shared-prefill``: the runner's shared prefill and batched decoding vs the naive pipeline loop;
-- ``decompose`` (modules ``decompose`` and ``decompose_report``, its own parser): from a kvpress
-  top-k press to the probabilistic press one change at a time.
+- ``memory``: peak memory, each case in a fresh process;
+- ``decode-speed`` (``speed/decoding.py``, its own parser): throughput and cache bytes while decoding.
 
 Each bench is a package: ``measure`` (the runs, through ``evaluation.engine`` where a model is
 involved), ``report`` (tables, Markdown, JSON, plots) and ``cli`` (``add_arguments(parser)`` and

@@ -1,13 +1,9 @@
-"""CLI: ``python -m evaluation.bench {speed,memory,budget,oracle,fidelity,shared-prefill,decompose,bf16,sampled-rows} [--quick] ...``.
+"""CLI: ``python -m evaluation.bench {speed,memory,budget,oracle,fidelity,shared-prefill,decode-speed} [--quick] ...``.
 
 Every bench package takes ``--quick``, ``--out`` (the output root; a bench writes into its own
 folder below it) and ``--model``, and its own options (``python -m evaluation.bench <name> --help``).
-``decompose`` (``evaluation/bench/decompose.py`` and ``decompose_report.py``), ``bf16``
-(``evaluation/bench/bf16.py``), ``sampled-rows`` (``evaluation/bench/sampled_rows.py``) and ``attention``
-(``evaluation/bench/attention.py`` and ``attention_report.py``: which attention-level measure predicts KL
-and score) and ``decoding`` (``evaluation/bench/decoding.py``: long generation under the decoding presses)
-and ``decode-speed`` (``evaluation/bench/speed/decoding.py``: throughput and cache bytes of compression while
-decoding) parse their own options.
+``decode-speed`` (``evaluation/bench/speed/decoding.py``: throughput and cache bytes of compression while
+decoding) parses its own options.
 """
 
 from __future__ import annotations
@@ -31,10 +27,7 @@ COMMANDS = {
 }
 QUICK_INTO_SUBFOLDER = {"fidelity", "shared-prefill"}  # their --quick output goes to <out>/<folder>/quick
 # CLI name -> module with its own ``main(argv)`` and parser (``python -m evaluation.bench <name> --help``)
-OWN_PARSERS = {"decompose": "evaluation.bench.decompose", "bf16": "evaluation.bench.bf16",
-               "sampled-rows": "evaluation.bench.sampled_rows", "attention": "evaluation.bench.attention",
-               "decoding": "evaluation.bench.decoding", "decode-speed": "evaluation.bench.speed.decoding",
-               "prefill-default": "evaluation.bench.speed.prefill_default"}
+OWN_PARSERS = {"decode-speed": "evaluation.bench.speed.decoding"}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,8 +20,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from evaluation.report import markdown_table, save_png
-from evaluation.store import write_atomic
+from evaluation.report.plots import save_png
+from evaluation.report.tables import markdown_table
+from evaluation.store.results import write_atomic
 
 __all__ = [
     "machine_info",
@@ -79,7 +80,7 @@ def load(model_name: str | None):
 
 def context_ids(tokenizer, length: int, seed: int = 0, device: torch.device | str = "cpu") -> torch.Tensor:
     """Exactly ``length`` token ids (1, length) of a RULER context (repeated if it comes out short), on ``device``."""
-    from evaluation.datasets.ruler import generate_ruler
+    from evaluation.tasks.ruler.offline import generate_ruler
 
     df = generate_ruler(tokenizer, length, 1, seed)
     ids = tokenizer(df.context.iloc[0], add_special_tokens=False).input_ids

@@ -17,14 +17,17 @@ layer's compression. H2O reads eager attention weights: one eager prefill per ex
 layer's scores (kvpress's own ``ObservedAttentionPress.score``) and its keys and values (they differ
 from sdpa's in the last bits), unless its eager attention would exceed the press's
 ``max_eager_bytes`` (its scores are then computed in chunks in the shared prefill; kvpress's own
-``ObservedAttentionPress`` too, above the default 4 GiB: no path builds the n x n weights). A press of any
-other family is compressed by a prefill under it (``press_prefill``).
+``ObservedAttentionPress`` too, above the default 4 GiB: no path builds the n x n weights). A KVzip press
+(``KVzipSampledPress`` and its subclasses) starts from the shared prefill's cache, as its own prefill would
+have left it, and runs its reconstruction passes (or reuses their scores) and its eviction on that; its
+``tail`` proposal, if any, is computed in the shared prefill's hooks. A press of any other family is
+compressed by a prefill under it (``press_prefill``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -37,6 +40,7 @@ from transformers.cache_utils import DynamicLayer
 from kvpress_prob import SamplingPress
 from kvpress_prob.presses.sampling import language_model
 from kvpress_prob.presses.h2o import EagerObservedAttentionPress
+from kvpress_prob.presses.kvzip import KVzipSampledPress
 from kvpress_prob.proposals.base import scores_read_ratio
 from kvpress_prob.presses.spans import SpanPress
 
@@ -66,7 +70,8 @@ class Plan:
 
     kind: "full" (nothing to do), "sampling" (``evict`` on the proposals stored under ``key``),
     "scores" / "adakv" (kvpress's top-k / AdaKV mask on the scores stored under ``key``), "eager"
-    (H2O: the scores and keys of an eager prefill), "prefill" (any other press: a prefill of its own).
+    (H2O: the scores and keys of an eager prefill), "kvzip" (a KVzip press on the shared cache; its tail
+    proposal, if any, stored under ``key``), "prefill" (any other press: a prefill of its own).
     ``compute(module, kwargs, output)`` gives one layer's stored tensor inside a prefill hook."""
 
     kind: str
@@ -85,6 +90,39 @@ def _score_of(scorer: ScorerPress) -> Callable:
         layer = kwargs["past_key_values"].layers[module.layer_idx]
         return scorer.score(module, kwargs["hidden_states"], layer.keys, layer.values, output[1], kwargs)
     return compute
+
+
+def _tail_of(press: KVzipSampledPress) -> Callable:
+    """One layer's tail proposal, as ``KVzipSampledPress``'s own prefill hook computes it."""
+    def compute(module, kwargs, output):
+        layer = kwargs["past_key_values"].layers[module.layer_idx]
+        return press.tail(module, kwargs["hidden_states"], layer.keys, layer.values, kwargs)
+    return compute
+
+
+_TOKENIZERS: dict[str, object] = {}
+
+
+@contextmanager
+def _tokenizer_loaded_once():
+    """kvpress's KVzipPress loads the model's tokenizer each time it is entered; within this context the
+    load is done once per name and the tokenizer reused (KVzip only reads its chat template and encodes)."""
+    from kvpress.presses import kvzip_press
+
+    original = kvzip_press.AutoTokenizer
+
+    class Once:
+        @staticmethod
+        def from_pretrained(name, *args, **kwargs):
+            if name not in _TOKENIZERS:
+                _TOKENIZERS[name] = original.from_pretrained(name, *args, **kwargs)
+            return _TOKENIZERS[name]
+
+    kvzip_press.AutoTokenizer = Once
+    try:
+        yield
+    finally:
+        kvzip_press.AutoTokenizer = original
 
 
 def _scores_key(scorer: ScorerPress) -> tuple:
@@ -109,9 +147,13 @@ def plan(model, press: BasePress | None, n: int) -> Plan:
             return Plan("full")
         return Plan("sampling", ("proposal", repr(press.proposal_at_ratio)),
                     lambda module, kwargs, output: press.propose(module, kwargs))
+    if isinstance(press, KVzipSampledPress) and press.compression_ratio > 0:
+        if press.tail is None:
+            return Plan("kvzip")
+        return Plan("kvzip", ("tail", repr(press.tail)), _tail_of(press))
     if isinstance(press, ObservedAttentionPress) and _standard_scorer(press):
         ours = press if isinstance(press, EagerObservedAttentionPress) else EagerObservedAttentionPress()
-        if not ours.eager_fits(model, n):  # kvpress's own press too: no n x n weights (issue 27 item 4)
+        if not ours.eager_fits(model, n):  # kvpress's own press too: no n x n weights
             return Plan("scores", _scores_key(ours), _score_of(ours))  # computed in chunks on sdpa
         return Plan("eager", ("eager",))
     if _standard_scorer(press):
@@ -125,7 +167,7 @@ def plan(model, press: BasePress | None, n: int) -> Plan:
 def hooked_prefill(model, layers, context_ids: torch.Tensor, on_layer, max_eager_bytes: float = 2**32) -> DynamicCache:
     """A full-cache prefill calling ``on_layer(module, kwargs, output)`` at each attention layer's
     forward (its hook inputs are not kept). On eager attention, refused above ``max_eager_bytes`` of
-    one layer's (b, H_q, n, n) float32 weights (issue 27 item 4: no path builds what does not fit)."""
+    one layer's (b, H_q, n, n) float32 weights (no path builds what does not fit)."""
     need = EagerObservedAttentionPress.eager_bytes(model, context_ids.shape[1], context_ids.shape[0])
     if model.config._attn_implementation == "eager" and need > max_eager_bytes:
         raise ValueError(
@@ -281,6 +323,8 @@ class Prefill:
             cache.layers.append(layer)
         if p.kind == "full":
             return cache
+        if p.kind == "kvzip":
+            return self._kvzip(press, cache, self._stored(p) if p.key else None)
         if p.kind == "sampling":
             # a SpanPress reads the prefill's token ids; a replay binds them around evict
             with press.tokens(self.context_ids) if isinstance(press, SpanPress) else nullcontext():
@@ -295,6 +339,16 @@ class Prefill:
             hidden = torch.empty(1, self.n, 0, device=self.keys[module.layer_idx].device)  # its length only
             replay.forward_hook(module, [], {"hidden_states": hidden, "cache_position": positions,
                                              "past_key_values": cache}, (None, None))
+        return cache
+
+    def _kvzip(self, press: KVzipSampledPress, cache: DynamicCache, tails: dict | None) -> DynamicCache:
+        """``press`` entered as the kvpress pipeline enters it, its prefill replaced by ``cache`` (the shared
+        prefill's tensors: what its own prefill would have left) and its tail proposals by ``tails``; on
+        exit it scores (reconstruction passes, or their kept scores) and evicts ``cache``."""
+        with _tokenizer_loaded_once(), press(self.model):
+            press._context_ids, press._cache = self.context_ids, cache
+            if tails is not None:
+                press._tails.update(tails)
         return cache
 
 

@@ -1,4 +1,4 @@
-"""The decode batch sized from free device memory (issue 27 item 3; ``runner.run(decode_batch="auto")``).
+"""The decode batch sized from free device memory (``runner.run(decode_batch="auto")``).
 
 A batch of B configurations decoded side by side (``batch.generate_batch``) holds, at its peak, the
 B compressed caches still waiting (``Compressed`` items: each layer freed as ``stack`` copies it)
@@ -22,7 +22,7 @@ import torch
 
 RESERVE = 0.10  # share of the free memory kept for activations and the allocator's fragmentation
 AUTO_MAX = 16
-PADDING = 1.05  # a sampled press stores up to ~5 % padding over its kept entries (results/bench/README.md)
+PADDING = 1.05  # a sampled press stores up to ~5 % padding over its kept entries (the memory bench)
 
 
 def free_bytes(device) -> int:

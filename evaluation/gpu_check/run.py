@@ -1,4 +1,4 @@
-"""``kvprob gpu-check``: the GPU path in one command (issue 27 item 5; docs/gpu-and-memory.md).
+"""``kvprob gpu-check``: the GPU path in one command (docs/gpu-and-memory.md).
 
 On one GPU, offline, in bfloat16, random weights of the paper's exact shapes (``models``), at 4k,
 32k and 128k tokens, within ``--budget-s`` (default 450 s, model loading aside: a step that the time spent so far says

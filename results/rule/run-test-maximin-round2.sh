@@ -5,7 +5,7 @@
 #      23 windows, recall 24 windows) and results/rule/test-maximin-round2-r1.md (round 1's 8 / 5 / 8, its whole pool)
 PY="/work/main/.venv/bin/python"
 export PYTHONPATH=$PWD
-$PY results/rule/apply_maximin.py test --ratios 0.5 0.75 \
+$PY -m evaluation.report.maximin_table test --ratios 0.5 0.75 \
   --ruler results/test/ruler-1024 results/test/hybrid-1024 results/test/ruler-1024-two-regimes \
     results/test/round2-ruler-1024 results/test/round2-ruler-1024-cand \
   --prose results/prose/test-1024 results/prose/test-1024-round2-cand \
@@ -14,7 +14,7 @@ $PY results/rule/apply_maximin.py test --ratios 0.5 0.75 \
   --only topk_kvzip_widest topk_kvzip_ragged_fit topk_kvzip_layers kvzip topk_keydiff_block8 h2o snapkv tova keydiff \
     expected_attention hybrid_keydiff_block8_a90 prob_min_h_priority_head \
   --out results/rule/test-maximin-round2.md
-$PY results/rule/apply_maximin.py test --ratios 0.5 0.75 \
+$PY -m evaluation.report.maximin_table test --ratios 0.5 0.75 \
   --ruler results/test/ruler-1024 results/test/hybrid-1024 results/test/ruler-1024-two-regimes \
     results/test/regime-ruler-1024 results/test/regime-ruler-1024-cand results/test/round2-ruler-1024-cand \
   --prose results/prose/test-1024 results/prose/test-1024-regime results/prose/test-1024-cand \

@@ -53,7 +53,7 @@ def figures_from_kept(kept: torch.Tensor, n: int) -> dict:
 
 
 def run(model, tokenizer, proposals, ratios, n_examples, length, seeds, scope_press, ratio, dataset_seed, log=print):
-    from evaluation.datasets.ruler import generate_ruler
+    from evaluation.tasks.ruler.offline import generate_ruler
 
     df = generate_ruler(tokenizer, length, n_examples, dataset_seed)
     rows, heat, press_rows = [], {}, []

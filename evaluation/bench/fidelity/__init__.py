@@ -7,7 +7,7 @@ does it; the continuation is the question followed by the gold answer ``answer[0
    averaged over the continuation (``kl``; ``kl_answer`` averages only the positions that predict
    the gold answer tokens). One number per (example, configuration, seed); the seeds of a sampling
    method are averaged within an example, and the 95% interval is a Student-t interval over the
-   example means (``evaluation.stats``, docs/protocol.md "Statistics"). A paired table compares,
+   example means (``evaluation.report.stats``, docs/protocol.md "Statistics"). A paired table compares,
    per scorer family, top-k / sampled + corrected / sampled uncorrected / Horvitz-Thompson on the
    same examples.
 2. Layer-wise attention error: each layer's attention output (after ``o_proj``) at the

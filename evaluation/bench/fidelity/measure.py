@@ -1,6 +1,6 @@
 """The fidelity measurement: configurations, teacher-forced KL and attention error, the run loop.
 
-A configuration is the runner's ``evaluation.runner.Config`` (press, compression ratio, seed,
+A configuration is the runner's ``evaluation.engine.runner.Config`` (press, compression ratio, seed,
 overrides); the overrides carry a temperature other than 1 and a budget scope other than global,
 so the label of a configuration is the runner's (``prob_min_h[temperature=inf]``). Each example is
 prefilled once (``engine.Prefill``), every configuration and seed compresses a copy of it
@@ -22,10 +22,10 @@ import pandas as pd
 import torch
 
 from evaluation.bench.fidelity import DEFAULT_PRESSES
-from evaluation.continuation import kl_per_position  # noqa: F401  (also this module's name for it)
 from evaluation.engine import Prefill, cache_summary, teacher_forced
-from evaluation.runner import Config
-from evaluation.store import ResultStore
+from evaluation.engine.runner import Config
+from evaluation.metrics.continuation import kl_per_position  # noqa: F401  (also this module's name for it)
+from evaluation.store.results import ResultStore
 from kvpress_prob.names.registry import PRESSES
 
 logger = logging.getLogger("evaluation.bench.fidelity")
@@ -112,7 +112,7 @@ def build_configs(presses, ratios, sweep: bool = False, sweep_presses=SWEEP_PRES
 
 
 def load_examples(tokenizer, context_length: int, n_examples: int, seed: int, tasks) -> pd.DataFrame:
-    from evaluation.datasets.ruler import generate_ruler
+    from evaluation.tasks.ruler.offline import generate_ruler
 
     return generate_ruler(tokenizer, context_length, n_examples, seed, tasks=list(tasks)).reset_index(drop=True)
 

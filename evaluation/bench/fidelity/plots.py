@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from evaluation.report import save_png
 from evaluation.bench.fidelity import FAMILIES
 from evaluation.bench.fidelity.tables import loglog_slope
+from evaluation.report.plots import save_png
 
 
 def plot_kl_bars(summary: pd.DataFrame, path: Path, order: list) -> Path:

@@ -13,8 +13,8 @@ import pandas as pd
 from evaluation.bench.fidelity import DEFAULT_PRESSES
 from evaluation.bench.fidelity.plots import plot_bias_variance, plot_kl_bars, plot_layer_error
 from evaluation.bench.fidelity.tables import kl_summary, layer_table, load_records, order, paired_table, scope_table
-from evaluation.report import markdown_table
-from evaluation.store import write_atomic
+from evaluation.report.tables import markdown_table
+from evaluation.store.results import write_atomic
 
 logger = logging.getLogger("evaluation.bench.fidelity")
 

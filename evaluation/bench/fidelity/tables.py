@@ -1,6 +1,6 @@
 """The fidelity records as tables: KL per configuration, paired comparisons per scorer family,
 budget scopes, layer-wise error with its bias^2 / variance split. Intervals and paired tests come
-from ``evaluation.stats`` (examples are the units, seeds averaged within an example)."""
+from ``evaluation.report.stats`` (examples are the units, seeds averaged within an example)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from evaluation import stats
 from evaluation.bench.fidelity import FAMILIES, PAIRS
 from evaluation.bench.fidelity.measure import record_setting, setting
-from evaluation.store import ResultStore
+from evaluation.report import stats
+from evaluation.store.results import ResultStore
 
 PER_SEED = ("kl", "kl_answer", "top1", "nll_answer", "realised_ratio")
 
@@ -56,7 +56,7 @@ def legacy_setting(label: str, ratio: float):
 
 
 def per_seed(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (example, configuration, seed): the frame ``evaluation.stats`` works on."""
+    """One row per (example, configuration, seed): the frame ``evaluation.report.stats`` works on."""
     keep = ["example_id", "press", "method", "compression_ratio", "budget", "temperature", "main", "seeds", *PER_SEED]
     long = df[keep].explode(["seeds", *PER_SEED]).rename(columns={"seeds": "seed"})
     return long.astype({col: float for col in PER_SEED}).reset_index(drop=True)

@@ -11,7 +11,7 @@ length n (one RULER example cut to exactly n tokens for the prefills):
 - ``press``: ``engine.press_prefill`` under the press, i.e. kvpress's pipeline's prefill;
 - ``engine``: the runner's prefill path, ``engine.Prefill(model, ids, [press])`` then ``compress``;
 - ``pipeline``: ``KVPressTextGenerationPipeline`` answering one RULER example of about n tokens;
-- ``runner``: ``evaluation.runner.run`` on the same example (the full reference and the press, one
+- ``runner``: ``evaluation.engine.runner.run`` on the same example (the full reference and the press, one
   seed), into a temporary store;
 - ``decode``: ``engine.generate_batch`` of B compressed caches (held before the block), against the
   bound "one layer's stack" (the block's rise over the B caches).

@@ -22,10 +22,10 @@ import torch
 from kvpress import KVPressTextGenerationPipeline
 
 from evaluation.bench import common
-from evaluation.datasets.ruler import generate_ruler
 from evaluation.engine import Compressed, Prefill, generate_batch, press_prefill, stack
-from evaluation.runner import REFERENCE, Config, run
-from evaluation.store import ResultStore
+from evaluation.engine.runner import REFERENCE, Config, run
+from evaluation.store.results import ResultStore
+from evaluation.tasks.ruler.offline import generate_ruler
 
 MAX_NEW_TOKENS = 16
 

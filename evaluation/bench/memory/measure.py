@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from evaluation.runner import REFERENCE
+from evaluation.engine.runner import REFERENCE
 
 
 def cases(lengths: list[int], presses: list[str], paths: list[str], ratio: float, pipeline_presses: list[str], runner_presses: list[str],

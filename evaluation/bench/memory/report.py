@@ -18,7 +18,7 @@ def block_seconds(row: pd.Series) -> float:
     return min(repeats) if isinstance(repeats, list) and repeats else row.get("seconds", float("nan"))
 
 
-#: (what the label names, peak target in K+V above snapkv, time target in snapkv's) of issue 21
+#: (what the label names, peak target in K+V above snapkv, time target in snapkv's) of the memory targets (docs/prefill-memory.md)
 MODE_TARGETS = {"budget=layer": (0.10, 1.10), "prefill=recompute": (0.10, 2.2)}
 
 
@@ -39,7 +39,7 @@ def against_snapkv(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def mode_checks(rows: pd.DataFrame) -> list[dict]:
-    """The targets of issue 21 at the largest length, for every press whose label names a mode."""
+    """The memory targets at the largest length, for every press whose label names a mode."""
     table = against_snapkv(rows)
     out = []
     if not len(table):
@@ -57,7 +57,7 @@ def mode_checks(rows: pd.DataFrame) -> list[dict]:
 
 
 def checks(rows: pd.DataFrame, ratio: float) -> pd.DataFrame:
-    """The issue's targets, where the cases they compare were run (NaN: not run)."""
+    """The memory targets, where the cases they compare were run (NaN: not run)."""
     out = []
 
     def extra(case, press, n):
@@ -125,7 +125,7 @@ def markdown(rows: pd.DataFrame, check: pd.DataFrame, settings: dict, info: dict
         "\n## Cases\n",
         "`press`: the prefill under the press (kvpress pipeline's); `engine`: the runner's prefill (`engine.Prefill` "
         "with the press announced, then `compress`); `pipeline`: kvpress's pipeline answering one RULER example; "
-        "`runner`: `evaluation.runner.run` on that example (full reference + the press); `decode`: "
+        "`runner`: `evaluation.engine.runner.run` on that example (full reference + the press); `decode`: "
         "`engine.generate_batch` of B compressed caches.\n",
         common.markdown_table(table(rows).set_index("case"), float_format="{:.2f}"),
     ]

@@ -22,7 +22,7 @@ def main(args: argparse.Namespace) -> dict:
     from evaluation.bench import common
     from evaluation.bench.shared_prefill.measure import measure
     from evaluation.bench.shared_prefill.report import summarise, write_outputs
-    from evaluation.datasets.ruler import generate_ruler
+    from evaluation.tasks.ruler.offline import generate_ruler
 
     context_length = args.context_length or (1024 if args.quick else 2048)
     n_examples = args.n_examples or (1 if args.quick else 3)

@@ -6,7 +6,7 @@ from kvpress import KVPressTextGenerationPipeline
 
 from evaluation.bench.common import Stopwatch
 from evaluation.engine import Compressed, Prefill, generate_batch
-from evaluation.runner import Config
+from evaluation.engine.runner import Config
 
 PRESSES = ["snapkv", "tova", "knorm", "streaming_llm", "prob_snapkv", "prob_knorm", "prob_min_h", "topk_min_h"]
 

@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from evaluation.runner import REFERENCE
+from evaluation.engine.runner import REFERENCE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

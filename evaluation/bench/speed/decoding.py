@@ -1,4 +1,4 @@
-"""Speed and memory of compression while decoding (issue 20, item 7), side by side in one run.
+"""Speed and memory of compression while decoding, side by side in one run.
 
 ``python -m evaluation.bench decode-speed [--length 2048] [--target 512] [--interval 32] [--steps 128] [--repeats 3]``
 

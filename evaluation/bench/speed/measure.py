@@ -11,7 +11,7 @@ from transformers import DynamicCache
 
 from evaluation.bench import common
 from evaluation.engine import Prefill, press_prefill
-from evaluation.runner import REFERENCE, Config
+from evaluation.engine.runner import REFERENCE, Config
 from kvpress_prob.correction import bias as correction
 from kvpress_prob.presses.sampling import language_model
 

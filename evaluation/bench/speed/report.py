@@ -10,7 +10,7 @@ import pandas as pd
 
 from evaluation.bench import common
 from evaluation.bench.speed.measure import DECODE_VARIANTS, PREFILL_PRESSES
-from evaluation.runner import REFERENCE
+from evaluation.engine.runner import REFERENCE
 
 TARGETS = {
     "prefill": 1.10,  # prob_snapkv prefill / snapkv prefill <=

@@ -1,0 +1,1 @@
+"""Scores: answer matching (``answers``), teacher-forced continuation KL and NLL (``continuation``), needle survival (``survival``)."""

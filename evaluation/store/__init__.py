@@ -1,0 +1,1 @@
+"""Records on disk: the results store (``results``), run manifests (``manifest``), the embedded assets (``assets``)."""

@@ -1,0 +1,1 @@
+"""Which attention-level measure predicts the decoded answer and the KL, with no decoding: ``run`` measures, ``report`` correlates."""

@@ -1,0 +1,3 @@
+from experiments.attention.run import main
+
+main()

@@ -1,0 +1,3 @@
+from experiments.decompose.run import main
+
+main()

@@ -1,0 +1,49 @@
+"""The three-regime table of round 2's enlarged test split: per press and ratio, RULER's mean score, prose KL
+over h2o's, recall token accuracy, on the examples every listed press ran (seeds averaged first), with the maximin
+table's worst q. The record folders are those of the maximin command in ``results/rule/run-test-maximin-round2.sh``.
+
+    python -m experiments.round2_table            # prints a markdown table and the example counts
+"""
+
+from pathlib import Path
+
+import pandas as pd
+
+from evaluation.report.maximin import complete
+from evaluation.report.maximin_table import frame
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = (ROOT / "results/rule/run-test-maximin-round2.sh").read_text()
+RATIOS = (0.5, 0.75)
+
+
+def dirs(regime: str) -> list[str]:
+    words = RUN.split(f"--{regime}", 1)[1].replace("\\\n", " ").split()
+    return [str(ROOT / w) for w in words[: next(i for i, w in enumerate(words) if w.startswith("--"))]]
+
+
+def means(regime: str, value: str, presses: list[str]) -> pd.DataFrame:
+    df = frame(dirs(regime))
+    df = df[df["press"].isin(presses) & df["compression_ratio"].round(6).isin(RATIOS)]
+    df = complete(df)
+    per = df.groupby(["press", "compression_ratio", "example_id"])[value].mean()
+    return per.groupby(["press", "compression_ratio"]).mean().unstack(), df["example_id"].nunique()
+
+
+def main():
+    q = pd.read_csv(ROOT / "results/rule/test-maximin-round2.csv", index_col="press")
+    presses = list(q.index)
+    ruler, n_r = means("ruler", "score", presses)
+    prose, n_p = means("prose", "kl", presses + ["h2o"])
+    recall, n_c = means("recall", "acc", presses)
+    prose = prose / prose.loc["h2o"]
+    print(f"RULER {n_r} examples, prose {n_p} windows, recall {n_c} windows\n")
+    print("| press | RULER | prose KL / h2o's | recall accuracy % | worst q | candidate |\n|---|---|---|---|---|---|")
+    for p in presses:
+        cell = lambda t, f: " / ".join(f.format(t.loc[p, r]) if p in t.index else "–" for r in RATIOS)
+        print(f"| `{p}` | {cell(ruler, '{:.1f}')} | {cell(prose, '{:.2f}')} | {cell(recall, '{:.1f}')} | "
+              f"{q.loc[p, 'worst']:.3f} | {q.loc[p, 'candidate']} |")
+
+
+if __name__ == "__main__":
+    main()
