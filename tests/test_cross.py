@@ -27,7 +27,7 @@ def _reference(pi, r, alpha, size, uniforms):
     """Slow float64 reference of one head: the exact blocks, then priority sampling from row 1 on the rest."""
     exact, sample = pi[0].tolist(), pi[1].tolist()
     n = len(exact)
-    k = int((1 - r) * n + 1e-6)
+    k = max(1, int(n * (1 - r)))  # kvpress compute_n_kept
     blocks = [(sum(exact[j] for j in range(b, min(b + size, n))), b) for b in range(0, n, size)]
     chosen = sorted(blocks, key=lambda x: -x[0])[: min(int(alpha * k) // size, len(blocks))]
     top = {j for _, b in chosen for j in range(b, min(b + size, n))}
@@ -51,7 +51,7 @@ def test_the_draw_against_a_slow_float64_reference(r, alpha, size):
     for h in range(pi.shape[2]):
         kept, weights = _reference(pi[0, 0, h], r, alpha, size, u[0, 0, h].tolist())
         got = draw.keep[0, 0, h].nonzero().squeeze(1).tolist()
-        assert set(got) == kept and len(got) == int((1 - r) * pi.shape[-1] + 1e-6)
+        assert set(got) == kept and len(got) == max(1, int(pi.shape[-1] * (1 - r)))
         for j in kept:
             assert draw.log_weight[0, 0, h, j].item() == pytest.approx(weights[j], abs=1e-6)
         assert torch.isinf(draw.log_weight[0, 0, h][~draw.keep[0, 0, h]]).all()

@@ -39,7 +39,7 @@ def _reference(pi, r, alpha, size, lam, unit, uniforms, peaked=None):
     """One head, slow: exact blocks of row 0, the tail priority-sampled from the mixture over units."""
     ret, eff = pi[0].tolist(), pi[1].tolist()
     n = len(ret)
-    k = int((1 - r) * n + 1e-6)
+    k = max(1, int(n * (1 - r)))  # kvpress compute_n_kept
     n_blocks = int(alpha * k) // size
     if peaked is not None and sum(sorted(ret, reverse=True)[:k]) / sum(ret) >= peaked:
         n_blocks = k // size
@@ -90,7 +90,7 @@ def test_the_draw_against_a_slow_float64_reference(r, alpha, size, lam, unit):
     draw = sampler(pi, r, "head", torch.Generator().manual_seed(3))
     units = pi.shape[-1] if unit == 1 else -(-pi.shape[-1] // size)
     u = 1.0 - torch.rand((1, 1, pi.shape[2], units), generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    k = int((1 - r) * pi.shape[-1] + 1e-6)
+    k = max(1, int(pi.shape[-1] * (1 - r)))
     for h in range(pi.shape[2]):
         weights = _reference(pi[0, 0, h], r, alpha, size, lam, unit, u[0, 0, h].tolist())
         got = draw.keep[0, 0, h].nonzero().squeeze(1).tolist()

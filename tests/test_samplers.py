@@ -302,9 +302,9 @@ from kvpress_prob.samplers.stratified import StratifiedSampler  # noqa: E402
 @pytest.mark.parametrize("scope", ["global", "layer", "head"])
 @pytest.mark.parametrize("sampler", [PrioritySampler(), TopKSampler(), StratifiedSampler(alpha=0.5)], ids=repr)
 def test_whole_count_designs_keep_exactly_the_scope_budget(sampler, scope):
-    """A design that keeps a whole count per head keeps exactly floor(budget) entries in each group
-    of the scope (2 layers x 4 heads x 50 entries at r = 0.51: 24.5 per head, 98 per layer, 196 in
-    all); rounding each head down kept 192 of 196 under "global"."""
+    """A design that keeps a whole count per head keeps exactly kvpress's count of the group's entries in each
+    group of the scope (2 layers x 4 heads x 50 entries at r = 0.51: int(24.5) = 24 per head, int(98.0) = 98 per
+    layer, 196 in all); rounding each head down kept 192 of 196 under "global"."""
     pi = heads(L=2, H=4, n=50, seed=4)
     kept = sampler(pi, 0.51, scope, torch.Generator().manual_seed(0)).keep.sum(-1)[:, 0]  # (L, H)
     totals = {"global": kept.sum().reshape(1), "layer": kept.sum(-1), "head": kept.flatten()}[scope]

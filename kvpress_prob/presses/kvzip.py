@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
+from kvpress.utils import compute_n_kept
 from kvpress import KVzipPress
 
 from kvpress_prob.samplers.cross import CrossStratifiedSampler
@@ -100,7 +101,7 @@ class KVzipSampledPress(KVzipPress):
         """Per layer, the entries each head keeps under KVzip's allocation (``layers``): the layer's share of
         the global top (1 - r) L H n of ``scores`` (L, b, H, n), divided by H and rounded down (at least 1)."""
         L, b, H, n = scores.shape
-        total = int((1.0 - self.compression_ratio) * L * b * H * n + 1e-6)
+        total = L * b * H * compute_n_kept(n, self.compression_ratio)
         flat = scores.reshape(-1)
         top = flat.topk(total).indices if total > 0 else flat.new_zeros(0, dtype=torch.long)
         per_layer = torch.bincount(top // (b * H * n), minlength=L)

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from kvpress.utils import compute_n_kept
 
 from kvpress_prob.correction import bias as correction
 from kvpress_prob.presses.kvzip import KVzipSampledPress
@@ -57,7 +58,7 @@ def widest_fit(scores: torch.Tensor, ratio: float) -> tuple[int, torch.Tensor]:
     L, b, H, n = scores.shape
     if b != 1:
         raise ValueError(f"scores must have batch size 1 (kvpress's KVzip scores one context), got {b}")
-    budget = int((1.0 - ratio) * L * n + 1e-6)
+    budget = L * compute_n_kept(n, ratio)
 
     def width(k: int) -> torch.Tensor:
         return top_counts(scores, k).amax(dim=1).clamp(min=1)

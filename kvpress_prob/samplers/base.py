@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvpress.utils import compute_n_kept
+
 from kvpress_prob.samplers.budget import SCOPES
 
 
@@ -83,20 +85,24 @@ def head_target(pi: torch.Tensor, compression_ratio: float, fixed: int = 0) -> t
     return torch.full((L, b, H, 1), (1.0 - compression_ratio) * n - fixed, dtype=torch.float64, device=pi.device)
 
 
-def whole_counts(allocation: torch.Tensor, scope: str) -> torch.Tensor:
-    """Whole kept counts (L, b, H) long from real per-head allocations (L, b, H) whose sum over
-    each group of ``scope`` is the group's budget: the group keeps floor(budget) entries in all (1e-6
-    absorbs the solvers' rounding), each head floor(a_h) or one more, the extra ones to the largest
-    fractional parts (largest remainder; ties in head order). "head": floor(a_h), kvpress's count."""
+def whole_counts(allocation: torch.Tensor, scope: str, n: int, compression_ratio: float) -> torch.Tensor:
+    """Whole kept counts (L, b, H) long from real per-head allocations (L, b, H) over ``n`` entries each (a
+    solver's, whose group sums meet the budget up to its rounding). Each group of ``scope`` keeps kvpress's
+    count of its entries, ``compute_n_kept(heads * n, compression_ratio)``, in all; each head floor(a_h') or one
+    more, where a' is the allocation scaled to that total, the extra ones to the largest fractional parts
+    (largest remainder; ties in head order). "head": every head keeps ``compute_n_kept(n, compression_ratio)``,
+    kvpress's ``ScorerPress`` count."""
     if scope not in SCOPES:
         raise ValueError(f"budget must be one of {SCOPES}, got {scope!r}")
     a = allocation.double()
     L, b, H = a.shape
     if scope == "head":
-        return torch.floor(a + 1e-6).long()
+        return torch.full((L, b, H), compute_n_kept(n, compression_ratio), dtype=torch.long, device=a.device)
     grouped = a.permute(1, 0, 2).reshape(b, L * H) if scope == "global" else a  # groups along the last dim
-    whole = torch.floor(grouped + 1e-6)
-    extra = (torch.floor(grouped.sum(-1, keepdim=True) + 1e-6) - whole.sum(-1, keepdim=True)).clamp_min(0)
+    total = compute_n_kept(grouped.shape[-1] * n, compression_ratio)
+    grouped = grouped * (total / grouped.sum(-1, keepdim=True).clamp_min(1e-300))  # sums to total
+    whole = torch.floor(grouped)
+    extra = (total - whole.sum(-1, keepdim=True)).clamp_min(0)
     order = (grouped - whole).argsort(dim=-1, descending=True, stable=True)
     rank = torch.empty_like(order).scatter_(-1, order, torch.arange(order.shape[-1], device=a.device).expand_as(order))
     whole = whole + (rank < extra).double()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -69,11 +68,12 @@ class BlockSampler(Sampler):
             return compression_ratio
         heads = GROUP_HEADS[scope](L, H)
         budget = heads * blocks * (1.0 - compression_ratio)  # blocks kept by each group, in expectation
-        whole = math.floor(budget + 1e-6)
-        if budget - whole > 1e-6:
+        whole = int(budget)
+        if budget > whole:
             whole += int(torch.rand((), generator=generator, device=generator.device, dtype=torch.float64)
                          < budget - whole)
-        return 1.0 - whole / (heads * blocks)
+        # the middle of the ratios whose kvpress count over the group (int(heads blocks (1 - r))) is ``whole``
+        return 1.0 - (whole + 0.5) / (heads * blocks)
 
     def __call__(self, pi, compression_ratio, scope, generator) -> Draw:
         L, b, H, n = pi.shape

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from kvpress.utils import compute_n_kept
 
 from kvpress_prob.samplers.base import Draw, Sampler, check_ratio, renormalise, top_by_rank
 from kvpress_prob.samplers.priority import priority_draw
@@ -67,7 +68,7 @@ class CrossStratifiedSampler(Sampler):
         pi = pi.double()
         exact_pi, sample_pi = pi[..., 0, :], pi[..., 1, :]  # (L, b, H, n)
         L, b, H, n = exact_pi.shape
-        k = int((1.0 - compression_ratio) * n + 1e-6)
+        k = compute_n_kept(n, compression_ratio)
         blocks = -(-n // self.size)
         block_pi = F.pad(exact_pi, (0, blocks * self.size - n)).view(L, b, H, blocks, self.size).sum(-1)
         n_blocks = min(int(self.alpha * k) // self.size, blocks)

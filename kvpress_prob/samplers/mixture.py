@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from kvpress.utils import compute_n_kept
 
 from kvpress_prob.samplers.cross import CrossStratifiedSampler
 from kvpress_prob.samplers.base import Draw, check_ratio, top_by_rank
@@ -128,7 +129,7 @@ class MixtureSampler(CrossStratifiedSampler):
         pi = pi.double()
         retrieval, efficient = pi[..., 0, :], pi[..., 1, :]  # (L, b, H, n)
         n = retrieval.shape[-1]
-        k = int((1.0 - compression_ratio) * n + 1e-6)
+        k = compute_n_kept(n, compression_ratio)
         block_r = _blocks(retrieval, self.size)  # (L, b, H, blocks)
         blocks = block_r.shape[-1]
         share = peak_share(retrieval, k)  # (L, b, H)

@@ -59,7 +59,7 @@ class StratifiedSampler(ThresholdSampler):
         exact = torch.round(alpha * allocation).long()  # (L, b, H)
         # alpha_h < 1 promises a sampled rest: where round(alpha_h k_h) reaches k_h while units of positive pi
         # lie outside the allocation, one fewer is kept exactly (else they are never drawn: a biased top-k)
-        # (1e-6 absorbs the threshold solver's rounding of a real allocation, as ``whole_counts`` does)
+        # (1e-6 absorbs the threshold solver's rounding of a real allocation)
         whole = torch.ceil(allocation - 1e-6)
         rounded_up = (alpha < 1) & (whole >= 1) & (exact >= whole) & ((pi > 0).sum(-1) > whole)
         exact = torch.where(rounded_up, whole.long() - 1, exact)

@@ -48,7 +48,7 @@ class ThresholdSampler(Sampler):
         (``whole_counts``) for the designs that keep a whole count."""
         q, _ = self.inclusion(pi.double(), compression_ratio, scope)
         a = q.sum(-1)
-        return whole_counts(a, scope).double() if self.whole_count else a
+        return whole_counts(a, scope, pi.shape[-1], compression_ratio).double() if self.whole_count else a
 
     def __call__(self, pi, compression_ratio, scope, generator) -> Draw:
         pi = pi.double()

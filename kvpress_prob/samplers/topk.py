@@ -30,7 +30,7 @@ class TopKSampler(Sampler):
         pi = pi.double()
         target = scope_target(head_target(pi, compression_ratio), scope)
         m = solve_draws(pi, target, scope).expand(*pi.shape[:-1], 1)
-        k = whole_counts(expected_kept(pi, m), scope).clamp(max=pi.shape[-1])  # (L, b, H)
+        k = whole_counts(expected_kept(pi, m), scope, pi.shape[-1], compression_ratio).clamp(max=pi.shape[-1])  # (L, b, H)
         keep = top_by_rank(pi, k)
         log_weight = torch.where(keep, 0.0, float("-inf"))
         return Draw(keep=keep, log_weight=log_weight.float(), stats={"kept_per_head": k[:, 0].tolist()})
