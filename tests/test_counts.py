@@ -66,3 +66,16 @@ def test_whole_counts_meets_the_group_total_from_a_solver_below_it():
     counts = whole_counts(a, "layer", n=5, compression_ratio=0.5)  # int(4 x 5 x 0.5) = 10 in all
     assert int(counts.sum()) == 10 and counts.min() >= 0 and counts.tolist() == [[[3, 1, 1, 5]]]
     assert (whole_counts(a, "head", n=5, compression_ratio=0.5) == 2).all()
+
+
+def test_ratio_keeping_gives_the_count_back():
+    # 1 - k / n, fed to kvpress's count, loses an entry for many (n, k): ratio_keeping never does
+    from kvpress_prob.samplers.base import ratio_keeping
+
+    naive_wrong = 0
+    for n in range(1, 300):
+        for k in range(1, n + 1):
+            r = ratio_keeping(k, n)
+            assert kvpress_count(n, r) == k and abs(r - (1 - k / n)) < 1e-14, (n, k)
+            naive_wrong += kvpress_count(n, 1 - k / n) != k
+    assert naive_wrong > 0  # the case it exists for

@@ -9,7 +9,7 @@ import torch
 from kvpress import KVzipPress
 
 from evaluation.engine import Prefill, cache_summary, press_prefill
-from evaluation.tasks.prose.measure import bias_bytes
+from evaluation.engine import bias_bytes
 from kvpress_prob.samplers.cross import CrossStratifiedSampler
 from kvpress_prob.proposals.pairs import PairProposal, UniformProposal
 from kvpress_prob.names.grid import parse_name, press_name

@@ -92,7 +92,11 @@ def test_equal_memory_allocations_fit_the_bytes(ratio):
                    (correction.bias_of(layer.self_attn, cache) for layer in language_model(model).layers) if b is not None)
         assert held <= (1 - ratio) * full_bytes  # K + V; the bias (ragged_fit's padding) is 4 bytes per stored slot
         slots = sum(layer.keys.shape[1] * layer.keys.shape[2] for layer in cache.layers)
-        assert bias == 4 * slots  # one float32 per stored slot, as a SamplingPress's
+        # widest: no padding, no bias (K and V only); ragged_fit: one float32 per stored slot of a padded layer
+        padded = sum(layer.keys.shape[1] * layer.keys.shape[2] for layer, b in zip(cache.layers, (
+            correction.bias_of(m.self_attn, cache) for m in language_model(model).layers)) if b is not None)
+        assert bias == (0 if allocation == "widest" else 4 * padded) and (allocation == "widest" or padded > 0)
+        assert slots > 0
         scores = _scores(press, n)
         k, widths = widest_fit(scores, ratio)
         assert [layer.keys.shape[2] for layer in cache.layers] == widths.tolist()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from evaluation.engine import cache_summary, press_prefill
-from evaluation.tasks.prose.measure import bias_bytes
+from evaluation.engine import bias_bytes
 from kvpress_prob.presses import kvzip
 from kvpress_prob.names.grid import parse_name, press_name
 from kvpress_prob.samplers.mixture import MixtureSampler, defensive_mixture, peak_share, rank_calibrated

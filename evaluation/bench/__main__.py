@@ -1,4 +1,4 @@
-"""CLI: ``python -m evaluation.bench {speed,memory,budget,oracle,fidelity,shared-prefill,decode-speed} [--quick] ...``.
+"""CLI: ``python -m evaluation.bench {speed,memory,budget,oracle,fidelity,bytes,shared-prefill,decode-speed} [--quick] ...``.
 
 Every bench package takes ``--quick``, ``--out`` (the output root; a bench writes into its own
 folder below it) and ``--model``, and its own options (``python -m evaluation.bench <name> --help``).
@@ -22,6 +22,8 @@ COMMANDS = {
     "fidelity": ("fidelity", "fidelity", "KL to the full cache (teacher-forced) and layer-wise attention error"),
     "memory": ("memory", "memory", "peak memory, each case in a fresh process: prefill under a press, the runner's "
                                    "path, kvpress's pipeline, batched decoding, against the K+V size"),
+    "bytes": ("bytes", "bytes", "bytes held on the cache (keys, values, bias) by each press on the contexts of "
+                                "committed records, in fp32 and bf16"),
     "shared-prefill": ("shared_prefill", "shared_prefill", "the runner's shared prefill and batched decoding vs the "
                                                            "naive kvpress pipeline loop"),
 }

@@ -38,6 +38,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from kvpress_prob import SamplingPress
+from kvpress_prob.correction import bias as correction
 from kvpress_prob.presses.sampling import language_model
 from kvpress_prob.presses.h2o import EagerObservedAttentionPress
 from kvpress_prob.presses.kvzip import KVzipSampledPress
@@ -361,6 +362,17 @@ def cache_summary(cache: DynamicCache, press: BasePress | None, n: int) -> tuple
         return press.compression_ratio, held
     stored = sum(layer.keys.shape[2] for layer in cache.layers)
     return 1.0 - stored / (n * len(cache.layers)), held
+
+
+def bias_bytes(cache, layers) -> int:
+    """Bytes of the correction bias a press left on ``cache`` (0 where it stored none): one value per stored
+    entry and KV head, held beside the keys and values."""
+    total = 0
+    for layer in layers:
+        bias = correction.bias_of(layer.self_attn, cache)
+        if bias is not None:
+            total += bias.numel() * bias.element_size()
+    return total
 
 
 def drop_masks(module) -> None:

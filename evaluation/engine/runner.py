@@ -17,7 +17,7 @@ import torch
 from kvpress import BasePress, KVPressTextGenerationPipeline
 from tqdm.auto import tqdm
 
-from evaluation.engine import Compressed, Prefill, cache_summary, generate_batch, sizing
+from evaluation.engine import Compressed, Prefill, bias_bytes, cache_summary, generate_batch, sizing
 from evaluation.metrics.answers import score_example
 from evaluation.store.results import ResultStore, record_key, shard
 from kvpress_prob.names.registry import get_press, is_sampling
@@ -124,8 +124,8 @@ def run(
                 model=model_name, dataset=dataset, data_dir=data_dir, task=row["task"],
                 example_id=row["example_id"], press=cfg.label, compression_ratio=cfg.compression_ratio,
                 seed=cfg.seed, prediction=prediction, answer=answer,
-                score=score_example(row["task"], prediction, answer), realised_ratio=realised, kv_bytes=held,
-                seconds=seconds,
+                score=score_example(row["task"], prediction, answer), realised_ratio=realised, kv_bytes=held[0],
+                bias_bytes=held[1], seconds=seconds,
             )])
             bar.update(1)
 
@@ -159,6 +159,7 @@ def run(
             start = time.perf_counter()
             cache = shared.take_full()  # the prefill's only copy, which decoding replaces layer by layer
             realised, held = cache_summary(cache, None, n)
+            held = (held, 0)
             prediction = pipe.generate_answer(question_ids, cache, n, int(row["max_new_tokens"]))
             del cache
             record(cfg, prediction, realised, held, time.perf_counter() - start)
@@ -168,10 +169,11 @@ def run(
     return written
 
 
-def _compressed(shared: Prefill, cfg: Config, n: int, take: bool = False) -> tuple[Any, float, int]:
-    """(the compressed cache, or its ``Compressed`` item, realised ratio, K+V bytes held). Its own
+def _compressed(shared: Prefill, cfg: Config, n: int, take: bool = False) -> tuple[Any, float, tuple[int, int]]:
+    """(the compressed cache, or its ``Compressed`` item, realised ratio, (K+V bytes, bias bytes) held). Its own
     frame: nothing of it outlives the call but what it returns."""
     press = cfg.build()
     cache = shared.compress(press)
     realised, held = cache_summary(cache, press, n)
+    held = (held, bias_bytes(cache, shared.layers))  # before take(): a mask turned into a bias is not held
     return (Compressed.take(cache, shared.layers) if take else cache), realised, held

@@ -5,8 +5,9 @@ become per (press, ratio) means over the examples every press of the regime ran 
 an example first). A press's relative score q in a regime at a ratio is its mean over the best press's
 (RULER) or the best press's KL over its own (prose, recall), 1 being as good as the regime's best press
 there; a regime's q is the mean over ratios. ``worst`` is the smallest of the three, ``mean`` their
-mean. Candidates are the presses run in all three regimes whose bytes held on the cache are at most
-``1 + TOLERANCE`` times kvpress top-k's (``snapkv``) at the same ratio.
+mean. Candidates are the presses run in all three regimes whose bytes held on the cache (keys, values
+and the correction bias, in every dtype measured) are at most ``1 + TOLERANCE`` times kvpress top-k's
+(``snapkv``) at the same ratio, in every regime; records that carry no bias bytes are refused.
 
     table = maximin(frames)                    # one row per press of all three: q's, worst, mean, held
     picks(table)                               # RECOMMENDED and the per-regime picks, with the tie-breaks
@@ -50,19 +51,44 @@ def relative(m: pd.Series, higher: bool) -> pd.Series:
     return m / best if higher else best / m
 
 
-def held(df: pd.DataFrame) -> pd.Series:
-    """(press, ratio) -> bytes held on the cache (kv_bytes + bias_bytes) over the full cache's, mean over examples."""
-    full = df[df["press"] == REFERENCE].groupby("example_id")["kv_bytes"].first()
+def held(df: pd.DataFrame, regime: str = "") -> pd.Series:
+    """(press, ratio) -> bytes held on the cache (kv_bytes + bias_bytes) over the full cache's, mean over examples.
+    ``df``: records with the full cache's rows (``REFERENCE``), or a bytes record (``python -m evaluation.bench
+    bytes``) whose rows carry ``full_bytes``. Raises if a row carries no ``bias_bytes``: its bytes are unknown."""
     rows = df[df["press"] != REFERENCE]
-    ratio = (rows["kv_bytes"] + rows.get("bias_bytes", 0)) / rows["example_id"].map(full)
+    if "bias_bytes" not in rows or rows["bias_bytes"].isna().any():
+        missing = sorted(rows.loc[rows.get("bias_bytes", pd.Series(index=rows.index)).isna(), "press"].unique())
+        raise ValueError(f"{regime or 'a regime'}: records of {missing[:4]} carry no bias_bytes, so the bytes they "
+                         f"hold are unknown: measure them (python -m evaluation.bench bytes) and pass them as bytes")
+    if "full_bytes" in rows:
+        full = rows["full_bytes"]
+    else:
+        full = rows["example_id"].map(df[df["press"] == REFERENCE].groupby("example_id")["kv_bytes"].first())
+    ratio = (rows["kv_bytes"] + rows["bias_bytes"]) / full
     return ratio.groupby([rows["press"], rows["compression_ratio"]]).mean()
 
 
-def maximin(frames: dict[str, pd.DataFrame], ratios=(0.5, 0.75), memory=("prose", "recall")) -> pd.DataFrame:
+def held_vs_topk(df: pd.DataFrame, regime: str = "") -> pd.Series:
+    """(press, ratio) -> ``held`` over kvpress top-k's (the first of ``TOPK`` present) at the same ratio; the
+    largest over dtypes where ``df`` (a bytes record) has a ``dtype`` column."""
+    if "dtype" in df:
+        return pd.concat([held_vs_topk(d.drop(columns="dtype"), f"{regime} {t}") for t, d in df.groupby("dtype")]
+                         ).groupby(level=[0, 1]).max()
+    h = held(df, regime)
+    presses = h.index.get_level_values("press")
+    topk = next((p for p in TOPK if p in presses), None)
+    if topk is None:
+        raise ValueError(f"{regime or 'a regime'}: no kvpress top-k press ({', '.join(TOPK)}) to compare bytes with")
+    return h / h.xs(topk, level="press").reindex(h.index, level="compression_ratio").to_numpy()
+
+
+def maximin(frames: dict[str, pd.DataFrame], ratios=(0.5, 0.75), memory: dict[str, pd.DataFrame] | None = None
+            ) -> pd.DataFrame:
     """One row per press run in every regime at every ratio: q per regime (``q_<regime>``, mean over
-    ratios) and per ratio (``q_<regime>_<r>``), worst, mean, the largest held / top-k's held over the
-    ``memory`` regimes and ratios (``held_vs_topk``), ``candidate`` (within the tolerance), sorted by
-    worst then mean."""
+    ratios) and per ratio (``q_<regime>_<r>``), worst, mean, the largest held / top-k's held over every
+    regime, ratio and dtype (``held_vs_topk``), ``candidate`` (within the tolerance), sorted by worst then
+    mean. The bytes come from ``memory[regime]`` (a bytes record: ``python -m evaluation.bench bytes``)
+    where given, else from the regime's records; a regime whose records carry no ``bias_bytes`` raises."""
     columns, helds = {}, []
     for regime, (value, higher) in REGIMES.items():
         df = frames[regime]
@@ -70,10 +96,9 @@ def maximin(frames: dict[str, pd.DataFrame], ratios=(0.5, 0.75), memory=("prose"
         q = relative(means(df, value), higher)
         for r in ratios:
             columns[f"q_{regime}_{r:g}"] = q.xs(r, level="compression_ratio")
-        if regime in memory:
-            h = held(df)
-            topk = next(p for p in TOPK if p in h.index.get_level_values("press"))
-            helds.append(h / h.xs(topk, level="press").reindex(h.index, level="compression_ratio").to_numpy())
+        source = df if memory is None or regime not in memory else memory[regime]
+        source = source[source["compression_ratio"].round(6).isin(ratios) | (source["press"] == REFERENCE)]
+        helds.append(held_vs_topk(source, regime))
     table = pd.DataFrame(columns).dropna()
     for regime in REGIMES:
         table[f"q_{regime}"] = table[[f"q_{regime}_{r:g}" for r in ratios]].mean(axis=1)

@@ -28,6 +28,18 @@ def frame(dirs):
     return df.drop_duplicates(["press", "compression_ratio", "example_id", "seed"], keep="last")
 
 
+def bytes_frames(files, only=None) -> dict[str, pd.DataFrame]:
+    """regime -> the bytes records of ``files`` for it (every dtype), restricted to ``only`` (and top-k's)."""
+    frames = {}
+    for f in map(Path, files):
+        df = pd.read_json(f, lines=True)
+        if only:
+            df = df[df["press"].isin([*only, "snapkv", "tova", "keydiff"])]
+        for regime, d in df.groupby("dataset"):
+            frames[regime] = pd.concat([frames[regime], d]) if regime in frames else d
+    return frames
+
+
 def interval_tables(frames, table, ratios) -> list[str]:
     """Markdown lines: per regime, each candidate's q at each ratio against that regime's best press there,
     with its paired 95 % bootstrap interval over the examples (``evaluation.report.maximin.intervals``)."""
@@ -54,6 +66,9 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("--ratios", nargs="+", type=float, default=[0.5, 0.75])
     p.add_argument("--only", nargs="+", default=None, help="restrict the pool to these presses")
     p.add_argument("--drop", nargs="+", default=None, help="leave these presses out of the pool (e.g. screened only)")
+    p.add_argument("--bytes", nargs="+", default=None,
+                   help="bytes records (python -m evaluation.bench bytes: <dataset>-<dtype>.jsonl files): the bytes "
+                        "held in each regime they cover, every dtype (else the records' own kv_bytes and bias_bytes)")
     p.add_argument("--out", default=None, help="output file (default: results/rule/<split>-maximin.md)")
     args = p.parse_args(argv)
     frames = {r: frame(getattr(args, r)) for r in ("ruler", "prose", "recall")}
@@ -61,7 +76,8 @@ def main(argv: list[str] | None = None) -> Path:
         frames = {r: f[f["press"].isin([*args.only, "full"])] for r, f in frames.items()}
     if args.drop:
         frames = {r: f[~f["press"].isin(args.drop)] for r, f in frames.items()}
-    table = maximin(frames, tuple(args.ratios))
+    memory = bytes_frames(args.bytes or [], args.only)
+    table = maximin(frames, tuple(args.ratios), memory)
     chosen = picks(table)
     table["samples"] = [is_sampling(press) for press in table.index]
     examples = {r: f.loc[f["press"] != "full", "example_id"].nunique() for r, f in frames.items()}
@@ -71,8 +87,10 @@ def main(argv: list[str] | None = None) -> Path:
              f"Examples (before keeping those every press ran): RULER {examples['ruler']}, prose {examples['prose']} "
              f"windows, recall {examples['recall']} windows; ratios {args.ratios}. q = 1 is the regime's best press "
              "of the pool at that ratio (RULER: score / best score; prose, recall: best KL / KL), averaged over the "
-             "ratios. held_vs_topk: the largest, over ratios and the prose and recall records, of bytes held on the "
-             "cache over snapkv's; candidate: at most 1.01.", "",
+             "ratios. held_vs_topk: the largest, over ratios, regimes and dtypes, of bytes held on the cache (keys, "
+             "values, bias) over snapkv's"
+             + (f", measured by the bytes bench ({', '.join(sorted(memory))}: {', '.join(args.bytes)})" if memory else "")
+             + "; candidate: at most 1.01.", "",
              *[f"- **{k}** = `{v}`: worst {table.loc[v, 'worst']:.3f} ({table.loc[v, 'worst_regime']}), q RULER "
                f"{table.loc[v, 'q_ruler']:.3f}, prose {table.loc[v, 'q_prose']:.3f}, recall {table.loc[v, 'q_recall']:.3f}"
                for k, v in chosen.items()], "",

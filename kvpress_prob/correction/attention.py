@@ -20,6 +20,10 @@ prefix | new tokens], the bias 0 on new tokens, which is
 (self-normalised importance sampling). It builds its own mask from the layer's real key length (transformers
 builds the model's mask from layer 0's length, wrong here since layers differ): bias on the
 stored prefix, causal among the new tokens.
+
+A layer without a bias whose key length differs from layer 0's (a top-k cache stored as K and V only) runs
+the original function, with the model's mask refitted to its length (``own_length_mask``) where a forward of
+several new tokens needs one (a decoding step under sdpa or flash attention gets no mask at all).
 """
 
 from __future__ import annotations
@@ -106,6 +110,28 @@ def corrected_sdpa(
     return out.view(b, hq, q_len, d).transpose(1, 2).contiguous()
 
 
+def own_length_mask(attention_mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
+    """The model's 4-d mask (b or 1, 1, q, k0), built for layer 0's key length k0, refitted to this layer's k
+    keys (b, H_kv, k, d): unchanged where it fits (or is not 4-d: flash attention's is None without padding).
+    A compressed cache whose layers differ in length (a top-k press's, stored without a bias) needs it in a
+    forward of several new tokens: the q new tokens are the last q keys of every layer, so their block (the
+    mask's last q columns) is kept, and the k - q stored entries before them are all visible. A mask that
+    hides a stored entry (padding in a batch) cannot be refitted, and raises."""
+    if attention_mask is None or attention_mask.dim() != 4 or attention_mask.shape[-1] == key.shape[2]:
+        return attention_mask
+    q_len, k_len = query.shape[2], key.shape[2]
+    k0 = attention_mask.shape[-1]
+    new = attention_mask[..., k0 - q_len:]  # (b, 1, q, q): the new tokens' block
+    past = attention_mask[..., : k0 - q_len]
+    visible = past if past.dtype == torch.bool else past == 0
+    if not bool(visible.all()):
+        raise ValueError(
+            f"a layer holds {k_len} keys but the attention mask was built for {k0}, and it hides stored entries "
+            f"(padding): a cache whose layers differ in length decodes with batch size 1 and no padding")
+    fill = torch.ones((), dtype=torch.bool, device=new.device) if new.dtype == torch.bool else new.new_zeros(())
+    return torch.cat([fill.expand(*new.shape[:-1], k_len - q_len), new], dim=-1)
+
+
 def corrected(query, key, value, bias, scaling, implementation: str | None = None) -> torch.Tensor:
     """The corrected attention on its route: fused (FlexAttention, ``kvpress_prob.correction.flex``) on CUDA and
     under a flash-attention implementation, else ``corrected_sdpa``."""
@@ -125,7 +151,7 @@ def wrap(func, name: str | None = None):
         if query.shape[2] == key.shape[2]:  # a prefill: refuse a wrapper that cannot run a SamplingPress
             wrappers.check_hooks(module)
         if bias is None or query.shape[2] == key.shape[2]:  # plain attention, or a prefill
-            return func(module, query, key, value, attention_mask, *args, **kwargs)
+            return func(module, query, key, value, own_length_mask(attention_mask, query, key), *args, **kwargs)
         if query.shape[0] != bias.shape[0]:
             raise ValueError(
                 f"batch size {query.shape[0]} differs from the batch size {bias.shape[0]} the cache was compressed with"

@@ -24,7 +24,10 @@ kept here, in a dictionary weakly keyed by the module, never as attributes on th
 
 The attention functions themselves are wrapped by ``kvpress_prob.correction.attention`` (on entry of a press,
 whenever a bias is given and before a forward that reads one; never at import). The state is read
-and written only through ``set_bias``, ``bias_of`` and ``reset``.
+and written only through ``set_bias``, ``store``, ``bias_of`` and ``reset``.
+
+A top-k eviction (weight 1 everywhere) that leaves a layer without padding stores no bias (``store``):
+that layer is K and V only, as kvpress's, and decodes through the model's own attention.
 """
 
 from __future__ import annotations
@@ -137,6 +140,22 @@ def set_bias(module: torch.nn.Module, bias: torch.Tensor | None, cache=None) -> 
     state.current = weakref.ref(cache)
     state.pending = None
     _hold(module, state, cache)
+
+
+def store(module: torch.nn.Module, bias: torch.Tensor, cache) -> int:
+    """What an eviction stores for layer ``module.layer_idx`` of ``cache``: its bias (b, H_kv, S) through
+    ``set_bias``, unless every entry of it is 0 (weight 1 on every stored entry, no padding). Then the layer
+    holds its keys and values only, any bias it held is dropped, and it decodes through the model's own
+    attention function (``kvpress_prob.correction.attention`` builds the mask of its own length where the
+    model's, built from layer 0's, does not fit). Returns the bytes stored for the bias (0 when none)."""
+    attention.install()
+    if bool((bias == 0).all()):
+        layer = _layer(cache, module.layer_idx)
+        if layer is not None and hasattr(layer, _BIAS):
+            delattr(layer, _BIAS)
+        return 0
+    set_bias(module, bias, cache)
+    return bias.numel() * bias.element_size()
 
 
 def bias_of(module: torch.nn.Module, cache=None) -> torch.Tensor | None:

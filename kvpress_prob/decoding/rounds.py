@@ -27,6 +27,7 @@ import torch
 
 from kvpress_prob.correction import bias as correction
 from kvpress_prob.samplers import Sampler
+from kvpress_prob.samplers.base import ratio_keeping
 from kvpress_prob.samplers.priority import PrioritySampler, priority_draw
 
 LOWEST = torch.finfo(torch.float32).min  # bias of padding: exp(LOWEST - max) = 0
@@ -87,7 +88,7 @@ def draw(pi: torch.Tensor, candidates: torch.Tensor, k: torch.Tensor, sampler: S
     (keep (b, H_kv, n) bool, log_weight (b, H_kv, n) float64: log 1/q where kept, -inf elsewhere).
 
     Heads with the same candidate count m are drawn in one call of the sampler (scope "head",
-    ratio 1 - k/m); a head with k = m keeps all its candidates with weight 1. Raises ValueError for
+    ``ratio_keeping(k, m)``); a head with k = m keeps all its candidates with weight 1. Raises ValueError for
     k outside [0, m] (a budget larger than the context)."""
     b, h, n = pi.shape
     m = candidates.sum(-1)  # (b, H_kv)
@@ -113,7 +114,7 @@ def draw(pi: torch.Tensor, candidates: torch.Tensor, k: torch.Tensor, sampler: S
         if type(sampler) is PrioritySampler and sampler.min_keep == 0:  # its draw without solving for k: same result
             keep_rows, lw_rows = priority_draw(p, torch.full((len(rows),), kept, device=p.device), generator)
         else:
-            result = sampler(p[None, None], 1.0 - kept / count, "head", generator)  # (1, 1, rows, count)
+            result = sampler(p[None, None], ratio_keeping(kept, count), "head", generator)  # (1, 1, rows, count)
             keep_rows, lw_rows = result.keep[0, 0], result.log_weight[0, 0]
         flat_keep[rows] = flat_keep[rows].scatter(-1, order, keep_rows)
         flat_lw[rows] = flat_lw[rows].scatter(-1, order, lw_rows.float().double())

@@ -34,6 +34,7 @@ from kvpress_prob.proposals.pairs import UniformProposal
 from kvpress_prob.proposals.base import Proposal
 from kvpress_prob.presses.sampling import SamplingPress, language_model
 from kvpress_prob.samplers import Sampler, TopKSampler
+from kvpress_prob.samplers.base import ratio_keeping
 
 SCORE_CACHE = 4
 _SCORES: OrderedDict = OrderedDict()  # (id(model), sha256 of the context ids, n_sink, chunk, plus) -> score_val
@@ -172,7 +173,7 @@ class KVzipSampledPress(KVzipPress):
             return
         n = scores.shape[-1]
         for m, k in zip(modules, self.layer_counts(scores)):
-            self.evictor(1.0 - k / n).evict(self._cache, {m: pi[m.layer_idx].to(self._cache.layers[m.layer_idx].keys.device)})
+            self.evictor(ratio_keeping(k, n)).evict(self._cache, {m: pi[m.layer_idx].to(self._cache.layers[m.layer_idx].keys.device)})
 
 
 __all__ = ["KVzipSampledPress", "SCORE_CACHE"]

@@ -11,8 +11,8 @@ keeps KVzip's scores (``KVzipSampledPress``'s reconstruction pass and score cach
   bytes than kvpress's top-k (measured on the cache).
 - ``"widest"``: equal memory. The largest global top whose padded footprint, sum over layers of H times the
   layer's largest head count, fits the budget (1 - r) L H n; every head of a layer then keeps its own top at
-  that width (the slots padding would leave empty hold the other heads' next entries, so no padding).
-  Like every press with per-layer lengths, it carries the zero bias (4 bytes per slot) that masks each layer.
+  that width (the slots padding would leave empty hold the other heads' next entries, so no padding). It
+  stores no bias: its cache is K and V only, and decodes through the model's own attention.
 - ``"ragged_fit"``: equal memory. The same largest global top, each head keeping only its share of it
   (padding left empty, 4 bytes of bias per stored slot).
 """
@@ -92,8 +92,9 @@ def allocation_keep(scores: torch.Tensor, ratio: float, allocation: str) -> torc
 
 def evict_keep(cache, modules, keep: torch.Tensor) -> list[list[int]]:
     """Evict ``cache`` down to ``keep`` (L, b, H, n): each layer stores its heads' kept entries in prefix order,
-    padded to the layer's largest count, with the correction bias (0 on kept entries, ``correction.padding`` on
-    padding; 4 bytes per stored slot, as a SamplingPress's). Returns the kept counts per layer and head."""
+    padded to the layer's largest count. A layer with padding gets the correction bias (0 on kept entries,
+    ``correction.padding`` on padding; 4 bytes per stored slot, as a SamplingPress's); a layer without stores
+    none (``correction.store``). Returns the kept counts per layer and head."""
     counts_all = []
     for module in modules:
         layer = cache.layers[module.layer_idx]
@@ -104,11 +105,11 @@ def evict_keep(cache, modules, keep: torch.Tensor) -> list[list[int]]:
         order = (~k).to(torch.int8).argsort(dim=-1, stable=True)[..., :n_stored]  # kept first, in prefix order
         index = order[..., None].expand(-1, -1, -1, keys.shape[-1])
         layer.keys, layer.values = keys.gather(2, index).contiguous(), values.gather(2, index).contiguous()
-        # every layer gets its bias, padding or not: the layers' lengths differ, and only the corrected attention
-        # masks each layer by its own length (the model builds one mask from layer 0's)
+        # a bias only where the layer holds padding: a layer without is K and V only, and decodes through the
+        # model's own attention (its mask, where the model's does not fit its length, is built by the layer's own)
         is_kept = torch.arange(n_stored, device=keys.device) < counts[..., None]
         bias = torch.where(is_kept, 0.0, correction.padding(torch.float32)).to(torch.float32)
-        correction.set_bias(module, bias, cache)
+        correction.store(module, bias, cache)
         counts_all.append(counts[0].tolist())
     return counts_all
 

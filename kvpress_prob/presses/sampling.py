@@ -300,7 +300,8 @@ class SamplingPress(BasePress):
     def evict(self, cache: Cache, proposals: dict[nn.Module, torch.Tensor]) -> Draw:
         """Draw from ``proposals`` (attention module -> its pi (b, H_kv, n)), cut and pad those
         layers of ``cache``, and give each of them its log-weights / temperature as the correction
-        bias (``correction.set_bias``: it belongs to ``cache``). Returns the draw (also kept as
+        bias (``correction.store``: it belongs to ``cache``; a layer whose bias would be all 0, weight 1 and
+        no padding, stores none and decodes through the model's own attention). Returns the draw (also kept as
         ``last_draw``); fills ``stats``."""
         if not proposals:
             raise ValueError("evict needs the proposal of at least one layer")
@@ -329,11 +330,10 @@ class SamplingPress(BasePress):
             is_kept = torch.arange(n_stored, device=keys.device) < counts[..., None]
             weight = log_weight.gather(-1, order) / tau if tau != float("inf") else torch.zeros_like(lowest)
             bias = torch.where(is_kept, weight, lowest).to(dtype)
-            correction.set_bias(module, bias, cache)
+            bytes_bias += correction.store(module, bias, cache)  # none when it is all 0 (top-k, no padding)
             kept.append(counts[0].tolist())
             stored.append(n_stored)
             bytes_kv += layer.keys.numel() * layer.keys.element_size() * 2
-            bytes_bias += bias.numel() * bias.element_size()
         n, heads = pi.shape[-1], pi.shape[2]
         kept_total = sum(map(sum, kept))
         entry_bytes = bytes_full // (len(modules) * heads * n)  # bytes of one entry (key + value)

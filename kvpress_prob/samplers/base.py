@@ -8,6 +8,7 @@ prefix sum (E[w_i 1{i kept}] = 1), so the decode-time correction is the same for
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -85,13 +86,23 @@ def head_target(pi: torch.Tensor, compression_ratio: float, fixed: int = 0) -> t
     return torch.full((L, b, H, 1), (1.0 - compression_ratio) * n - fixed, dtype=torch.float64, device=pi.device)
 
 
+def ratio_keeping(kept: int, n: int) -> float:
+    """The compression ratio 1 - kept / n whose kvpress count of ``n`` entries (``compute_n_kept``) is ``kept``
+    (1 <= kept <= n): lowered by the float steps (one ulp each, at most a few) that float rounding of
+    n (1 - r) would otherwise take off, so a real-valued design's target stays kept / n to 1e-15."""
+    ratio = 1.0 - kept / n
+    while ratio > 0 and compute_n_kept(n, ratio) < kept:
+        ratio = math.nextafter(ratio, 0.0)
+    return ratio
+
+
 def whole_counts(allocation: torch.Tensor, scope: str, n: int, compression_ratio: float) -> torch.Tensor:
     """Whole kept counts (L, b, H) long from real per-head allocations (L, b, H) over ``n`` entries each (a
     solver's, whose group sums meet the budget up to its rounding). Each group of ``scope`` keeps kvpress's
-    count of its entries, ``compute_n_kept(heads * n, compression_ratio)``, in all; each head floor(a_h') or one
-    more, where a' is the allocation scaled to that total, the extra ones to the largest fractional parts
-    (largest remainder; ties in head order). "head": every head keeps ``compute_n_kept(n, compression_ratio)``,
-    kvpress's ``ScorerPress`` count."""
+    count of its entries, ``compute_n_kept(heads * n, compression_ratio)``, in all; each head floor(a_h) or one
+    more, the extra ones to the largest fractional parts (largest remainder; ties in head order), or one less
+    from the smallest where the floors already exceed the total. "head": every head keeps
+    ``compute_n_kept(n, compression_ratio)``, kvpress's ``ScorerPress`` count."""
     if scope not in SCOPES:
         raise ValueError(f"budget must be one of {SCOPES}, got {scope!r}")
     a = allocation.double()
@@ -100,12 +111,12 @@ def whole_counts(allocation: torch.Tensor, scope: str, n: int, compression_ratio
         return torch.full((L, b, H), compute_n_kept(n, compression_ratio), dtype=torch.long, device=a.device)
     grouped = a.permute(1, 0, 2).reshape(b, L * H) if scope == "global" else a  # groups along the last dim
     total = compute_n_kept(grouped.shape[-1] * n, compression_ratio)
-    grouped = grouped * (total / grouped.sum(-1, keepdim=True).clamp_min(1e-300))  # sums to total
     whole = torch.floor(grouped)
-    extra = (total - whole.sum(-1, keepdim=True)).clamp_min(0)
+    extra = total - whole.sum(-1, keepdim=True)  # > 0 as a solver's allocation sits a little under its target
     order = (grouped - whole).argsort(dim=-1, descending=True, stable=True)
     rank = torch.empty_like(order).scatter_(-1, order, torch.arange(order.shape[-1], device=a.device).expand_as(order))
-    whole = whole + (rank < extra).double()
+    # the extra ones to the largest fractional parts; a group over its total gives one back from its smallest
+    whole = (whole + (rank < extra).double() - ((order.shape[-1] - 1 - rank) < -extra).double()).clamp_min(0)
     if scope == "global":
         whole = whole.view(b, L, H).permute(1, 0, 2)
     return whole.long()

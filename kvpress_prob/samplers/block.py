@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-from kvpress_prob.samplers.base import Draw, Sampler, check_ratio
+from kvpress_prob.samplers.base import Draw, Sampler, check_ratio, ratio_keeping
 from kvpress_prob.samplers.threshold import ThresholdSampler
 
 #: heads that share one budget in each scope, as a function of (layers, heads)
@@ -68,12 +69,11 @@ class BlockSampler(Sampler):
             return compression_ratio
         heads = GROUP_HEADS[scope](L, H)
         budget = heads * blocks * (1.0 - compression_ratio)  # blocks kept by each group, in expectation
-        whole = int(budget)
-        if budget > whole:
+        whole = math.floor(budget + 1e-6)  # 1e-6: the float noise of a whole budget, not a fraction to round
+        if budget - whole > 1e-6:
             whole += int(torch.rand((), generator=generator, device=generator.device, dtype=torch.float64)
                          < budget - whole)
-        # the middle of the ratios whose kvpress count over the group (int(heads blocks (1 - r))) is ``whole``
-        return 1.0 - (whole + 0.5) / (heads * blocks)
+        return ratio_keeping(whole, heads * blocks) if whole > 0 else 1.0 - whole / (heads * blocks)
 
     def __call__(self, pi, compression_ratio, scope, generator) -> Draw:
         L, b, H, n = pi.shape

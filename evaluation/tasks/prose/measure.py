@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import torch
 from tqdm.auto import tqdm
 
-from evaluation.engine import Compressed, Prefill, cache_summary, teacher_forced
+from evaluation.engine import Compressed, Prefill, bias_bytes, cache_summary, teacher_forced
 from evaluation.engine.runner import Config
 from evaluation.metrics.continuation import kl_per_position, nll_per_position
 from evaluation.store.results import ResultStore, record_key
@@ -52,17 +52,6 @@ def context_length(window: Window, scored_tokens: int) -> int:
         raise ValueError(f"window {window.window_id} holds {window.ids.shape[1]} tokens, fewer than "
                          f"scored_tokens + 2 = {scored_tokens + 2}")
     return n
-
-
-def bias_bytes(cache, layers) -> int:
-    """Bytes of the correction bias a SamplingPress left on ``cache`` (0 for any other press): one
-    value per stored entry and KV head, held beside the keys and values."""
-    total = 0
-    for layer in layers:
-        bias = correction.bias_of(layer.self_attn, cache)
-        if bias is not None:
-            total += bias.numel() * bias.element_size()
-    return total
 
 
 def masks_as_bias(cache, layers) -> bool:
