@@ -139,3 +139,28 @@ def test_intervals_are_paired_q_against_each_regimes_best():
         noisy = out.loc[("noisy", regime, 0.75)]
         assert noisy["lo"] < noisy["q"] < noisy["hi"] and noisy["q"] < 1
         assert noisy["q"] == pytest.approx(table.loc["noisy", f"q_{regime}_0.75"])
+
+
+def test_memory_is_checked_in_every_regime_and_dtype_and_unknown_bytes_are_refused():
+    values = {(p, r): 1.0 for p in ("snapkv", "x") for r in (0.5, 0.75)}
+    heavy = {"x": lambda r: (int(1000 * (1 - r)), 20)}  # 1.04 x snapkv's at r = 0.5, 1.08 at 0.75
+    # over the tolerance on RULER alone: no longer a candidate (the filter read prose and recall only before)
+    table = maximin({"ruler": _records(values, "score", heavy), "prose": _records(values, "kl"),
+                     "recall": _records(values, "kl")})
+    assert table.loc["x", "held_vs_topk"] == pytest.approx(1.08) and not table.loc["x", "candidate"]
+    # RULER records without bias bytes: refused, naming the regime, unless a bytes record supplies them
+    ruler = _records(values, "score").drop(columns="bias_bytes")
+    frames = {"ruler": ruler, "prose": _records(values, "kl"), "recall": _records(values, "kl")}
+    with pytest.raises(ValueError, match="ruler.*bias_bytes"):
+        maximin(frames)
+    measured = []
+    for dtype, bias in (("float32", 0), ("bfloat16", 10)):  # x is over in bfloat16 only (1.04 / 1.02 x at 0.75 / 0.5)
+        for r in (0.5, 0.75):
+            kv = int(1000 * (1 - r))
+            measured += [dict(press="snapkv", compression_ratio=r, seed=0, example_id="a", kv_bytes=kv // 2,
+                              bias_bytes=0, full_bytes=500, dtype=dtype),
+                         dict(press="x", compression_ratio=r, seed=0, example_id="a", kv_bytes=kv // 2,
+                              bias_bytes=bias // 2 if dtype == "bfloat16" else 0, full_bytes=500, dtype=dtype)]
+    table = maximin(frames, memory={"ruler": pd.DataFrame(measured)})
+    assert table.loc["x", "held_vs_topk"] == pytest.approx(1 + 5 / 125) and not table.loc["x", "candidate"]
+    assert table.loc["snapkv", "held_vs_topk"] == pytest.approx(1.0)

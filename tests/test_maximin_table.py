@@ -16,14 +16,29 @@ RULE = ROOT / "results" / "rule"
 NEW = "python -m evaluation.report.maximin_table"
 
 
-@pytest.mark.parametrize("table", ["dev-maximin-round2.md", "test-maximin-round2.md"])
-def test_the_command_rewrites_a_committed_table(table, tmp_path, monkeypatch):
-    committed = (RULE / table).read_text().splitlines()
-    command = committed[2].removeprefix("Command: `").removesuffix("`")
+def _argv(table: str) -> list[str]:
+    command = (RULE / table).read_text().splitlines()[2].removeprefix("Command: `").removesuffix("`")
     assert command.startswith(NEW)
     argv = shlex.split(command.removeprefix(NEW))
     if "--out" in argv:
         del argv[argv.index("--out"):argv.index("--out") + 2]
+    return argv
+
+
+@pytest.mark.parametrize("table", ["dev-maximin-round2.md", "test-maximin-round2.md"])
+def test_a_table_written_before_bytes_were_checked_in_every_regime_is_refused(table, tmp_path, monkeypatch):
+    """Round 2's tables read bytes on prose and recall only: their RULER records carry no bias bytes, so the
+    command now refuses to judge memory on them rather than assume none."""
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(ValueError, match="ruler.*bias_bytes"):
+        maximin_table([*_argv(table), "--out", str(tmp_path / table)])
+
+
+@pytest.mark.parametrize("table", [t.name for t in sorted(RULE.glob("test-maximin-records*.md"))
+                                   if "--bytes" in t.read_text().splitlines()[2]])
+def test_the_command_rewrites_a_committed_table(table, tmp_path, monkeypatch):
+    committed = (RULE / table).read_text().splitlines()
+    argv = _argv(table)
     monkeypatch.chdir(ROOT)  # the record folders are named from the repository root
     out = maximin_table([*argv, "--out", str(tmp_path / table)])
     written = out.read_text().splitlines()
