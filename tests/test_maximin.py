@@ -153,6 +153,12 @@ def test_memory_is_checked_in_every_regime_and_dtype_and_unknown_bytes_are_refus
     frames = {"ruler": ruler, "prose": _records(values, "kl"), "recall": _records(values, "kl")}
     with pytest.raises(ValueError, match="ruler.*bias_bytes"):
         maximin(frames)
+    # a bytes record that measured the top-k press only: x's bytes are unknown, so it is no candidate
+    only_topk = pd.DataFrame([dict(press="snapkv", compression_ratio=r, seed=0, example_id="a", kv_bytes=500,
+                                   bias_bytes=0, full_bytes=1000, dtype="float32") for r in (0.5, 0.75)])
+    table = maximin(frames, memory={"ruler": only_topk})
+    assert pd.isna(table.loc["x", "held_vs_topk"]) and not table.loc["x", "candidate"]
+    assert table.loc["snapkv", "candidate"]
     measured = []
     for dtype, bias in (("float32", 0), ("bfloat16", 10)):  # x is over in bfloat16 only (1.04 / 1.02 x at 0.75 / 0.5)
         for r in (0.5, 0.75):

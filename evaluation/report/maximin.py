@@ -7,7 +7,8 @@ an example first). A press's relative score q in a regime at a ratio is its mean
 there; a regime's q is the mean over ratios. ``worst`` is the smallest of the three, ``mean`` their
 mean. Candidates are the presses run in all three regimes whose bytes held on the cache (keys, values
 and the correction bias, in every dtype measured) are at most ``1 + TOLERANCE`` times kvpress top-k's
-(``snapkv``) at the same ratio, in every regime; records that carry no bias bytes are refused.
+(``snapkv``) at the same ratio, in every regime; a press whose records carry no bias bytes (and that no bytes
+record measured) is refused.
 
     table = maximin(frames)                    # one row per press of all three: q's, worst, mean, held
     picks(table)                               # RECOMMENDED and the per-regime picks, with the tie-breaks
@@ -51,15 +52,15 @@ def relative(m: pd.Series, higher: bool) -> pd.Series:
     return m / best if higher else best / m
 
 
-def held(df: pd.DataFrame, regime: str = "") -> pd.Series:
-    """(press, ratio) -> bytes held on the cache (kv_bytes + bias_bytes) over the full cache's, mean over examples.
+def held(df: pd.DataFrame) -> pd.Series:
+    """(press, ratio) -> bytes held on the cache (kv_bytes + bias_bytes) over the full cache's, mean over examples,
+    for the presses whose every row carries ``bias_bytes`` (the others' bytes are unknown, and left out).
     ``df``: records with the full cache's rows (``REFERENCE``), or a bytes record (``python -m evaluation.bench
-    bytes``) whose rows carry ``full_bytes``. Raises if a row carries no ``bias_bytes``: its bytes are unknown."""
+    bytes``) whose rows carry ``full_bytes``."""
     rows = df[df["press"] != REFERENCE]
-    if "bias_bytes" not in rows or rows["bias_bytes"].isna().any():
-        missing = sorted(rows.loc[rows.get("bias_bytes", pd.Series(index=rows.index)).isna(), "press"].unique())
-        raise ValueError(f"{regime or 'a regime'}: records of {missing[:4]} carry no bias_bytes, so the bytes they "
-                         f"hold are unknown: measure them (python -m evaluation.bench bytes) and pass them as bytes")
+    if "bias_bytes" not in rows:
+        return pd.Series(dtype=float, index=pd.MultiIndex.from_arrays([[], []], names=["press", "compression_ratio"]))
+    rows = rows[~rows["press"].isin(rows.loc[rows["bias_bytes"].isna(), "press"])]
     if "full_bytes" in rows:
         full = rows["full_bytes"]
     else:
@@ -69,17 +70,30 @@ def held(df: pd.DataFrame, regime: str = "") -> pd.Series:
 
 
 def held_vs_topk(df: pd.DataFrame, regime: str = "") -> pd.Series:
-    """(press, ratio) -> ``held`` over kvpress top-k's (the first of ``TOPK`` present) at the same ratio; the
-    largest over dtypes where ``df`` (a bytes record) has a ``dtype`` column."""
+    """(press, ratio) -> ``held`` over kvpress top-k's (the first of ``TOPK`` whose bytes are known) at the same
+    ratio; the largest over dtypes where ``df`` (a bytes record) has a ``dtype`` column."""
     if "dtype" in df:
         return pd.concat([held_vs_topk(d.drop(columns="dtype"), f"{regime} {t}") for t, d in df.groupby("dtype")]
                          ).groupby(level=[0, 1]).max()
-    h = held(df, regime)
+    h = held(df)
     presses = h.index.get_level_values("press")
     topk = next((p for p in TOPK if p in presses), None)
     if topk is None:
-        raise ValueError(f"{regime or 'a regime'}: no kvpress top-k press ({', '.join(TOPK)}) to compare bytes with")
+        raise ValueError(f"{regime or 'a regime'}: no kvpress top-k press ({', '.join(TOPK)}) with known bytes "
+                         f"(kv_bytes and bias_bytes) to compare with: measure them (python -m evaluation.bench bytes)")
     return h / h.xs(topk, level="press").reindex(h.index, level="compression_ratio").to_numpy()
+
+
+def regime_held(records: pd.DataFrame, measured: pd.DataFrame | None, regime: str) -> pd.Series:
+    """(press, ratio) -> held over top-k's in one regime: from the bytes record ``measured`` for the presses it
+    holds (every dtype it measured), else from the records where they carry bias bytes; unknown presses absent."""
+    found = [held_vs_topk(measured, regime)] if measured is not None else []
+    if "bias_bytes" in records and records.loc[records["press"].isin(TOPK), "bias_bytes"].notna().any():
+        found.append(held_vs_topk(records, regime))
+    if not found:
+        raise ValueError(f"{regime}: its records carry no bias_bytes and no bytes record was given: measure them "
+                         f"(python -m evaluation.bench bytes)")
+    return found[0] if len(found) == 1 else found[0].combine_first(found[1])
 
 
 def maximin(frames: dict[str, pd.DataFrame], ratios=(0.5, 0.75), memory: dict[str, pd.DataFrame] | None = None
@@ -87,8 +101,9 @@ def maximin(frames: dict[str, pd.DataFrame], ratios=(0.5, 0.75), memory: dict[st
     """One row per press run in every regime at every ratio: q per regime (``q_<regime>``, mean over
     ratios) and per ratio (``q_<regime>_<r>``), worst, mean, the largest held / top-k's held over every
     regime, ratio and dtype (``held_vs_topk``), ``candidate`` (within the tolerance), sorted by worst then
-    mean. The bytes come from ``memory[regime]`` (a bytes record: ``python -m evaluation.bench bytes``)
-    where given, else from the regime's records; a regime whose records carry no ``bias_bytes`` raises."""
+    mean. The bytes come from ``memory[regime]`` (a bytes record: ``python -m evaluation.bench bytes``) for the
+    presses it holds, else from the regime's records where they carry ``bias_bytes``: a press whose bytes are
+    unknown in some regime has no ``held_vs_topk`` and is no candidate."""
     columns, helds = {}, []
     for regime, (value, higher) in REGIMES.items():
         df = frames[regime]
@@ -96,16 +111,18 @@ def maximin(frames: dict[str, pd.DataFrame], ratios=(0.5, 0.75), memory: dict[st
         q = relative(means(df, value), higher)
         for r in ratios:
             columns[f"q_{regime}_{r:g}"] = q.xs(r, level="compression_ratio")
-        source = df if memory is None or regime not in memory else memory[regime]
-        source = source[source["compression_ratio"].round(6).isin(ratios) | (source["press"] == REFERENCE)]
-        helds.append(held_vs_topk(source, regime))
+        measured = None if memory is None or regime not in memory else memory[regime]
+        if measured is not None:
+            measured = measured[measured["compression_ratio"].round(6).isin(ratios)]
+        helds.append(regime_held(df, measured, regime).groupby("press").max())
     table = pd.DataFrame(columns).dropna()
     for regime in REGIMES:
         table[f"q_{regime}"] = table[[f"q_{regime}_{r:g}" for r in ratios]].mean(axis=1)
     q = table[[f"q_{regime}" for regime in REGIMES]]
     table["worst"], table["mean"] = q.min(axis=1), q.mean(axis=1)
     table["worst_regime"] = q.idxmin(axis=1).str.removeprefix("q_")
-    table["held_vs_topk"] = pd.concat(helds).groupby("press").max().reindex(table.index)
+    # the largest over regimes; a press whose bytes are unknown in a regime is unknown (NaN: no candidate)
+    table["held_vs_topk"] = pd.concat([h.reindex(table.index) for h in helds], axis=1).max(axis=1, skipna=False)
     table["candidate"] = table["held_vs_topk"] <= 1 + TOLERANCE
     table.index.name = "press"
     return table.sort_values(["worst", "mean"], ascending=False)

@@ -1,8 +1,9 @@
 """``python -m evaluation.bench bytes``: the bytes each press holds on the contexts of committed records.
 
-For every records folder given, the contexts of its examples are rebuilt from its manifest, and every press
-(``--presses``, default: the presses of the records) at every ratio and seed of the records is run again on
-them, in each ``--dtypes`` (the model cast), and the bytes it holds on the cache are measured (keys, values and
+The records folders given hold one regime's examples (their manifests agree on the data; a folder without a
+manifest takes the first one's). The contexts are rebuilt from a manifest, and every press (``--presses``,
+default: the presses of the records) at every ratio and seed of the records is run again on them, one shared
+prefill per context, in each ``--dtypes`` (the model cast), and the bytes it holds on the cache are measured (keys, values and
 the correction bias). One JSON-lines file per regime and dtype, ``<out>/bytes/<name>/<dataset>-<dtype>.jsonl``,
 resumable, keyed like the records (model, dataset, data_dir, example_id, press, compression_ratio, seed).
 """
@@ -43,31 +44,39 @@ def main(args: argparse.Namespace) -> int:
     unknown = sorted(set(args.presses or []) - {p for records in folders.values() for p in records["press"]})
     if unknown:
         sys.exit(f"--presses: {unknown} have no record in {', '.join(map(str, folders))}")
+    with_manifest = [f for f in folders if (f / "results.manifest.json").exists()]
+    if not with_manifest:
+        sys.exit(f"--results: none of {', '.join(map(str, folders))} has a results.manifest.json")
+    source, ident = with_manifest[0], identity(with_manifest[0])
+    keep = ("model_digest", "dataset", "dataset_version", "data_seed", "context_length", "split")
+    for f in with_manifest[1:]:
+        other = identity(f)
+        if any(other.get(k) != ident.get(k) for k in keep):
+            sys.exit(f"--results: {f} and {source} hold different examples ({keep} differ): one regime per call")
+    records = pd.concat(folders.values())
+    records = records[records["press"] != "full"]
+    if args.presses:
+        records = records[records["press"].isin(args.presses)]
+    if args.ratios:
+        records = records[records["compression_ratio"].round(6).isin([round(r, 6) for r in args.ratios])]
+    units = records[["example_id", "press", "compression_ratio", "seed"]].drop_duplicates()
     model, tokenizer = common.load(args.model)
+    found = contexts(source, model, tokenizer, set(units["example_id"]))  # every folder's examples: the same ones
     written = 0
-    for folder, records in folders.items():
-        ident = identity(folder)
-        records = records[records["press"] != "full"]
-        if args.presses:
-            records = records[records["press"].isin(args.presses)]
-        if args.ratios:
-            records = records[records["compression_ratio"].round(6).isin([round(r, 6) for r in args.ratios])]
-        units = records[["example_id", "press", "compression_ratio", "seed"]].drop_duplicates()
-        found = contexts(folder, model, tokenizer, set(units["example_id"]))
-        for dtype in args.dtypes:
-            model.to(getattr(torch, dtype))
-            store = ResultStore(out / f"{ident['dataset']}-{dtype}.jsonl")
-            base = dict(model=ident["model"], dataset=ident["dataset"], data_dir=str(ident["context_length"]))
-            done = store.done_keys()
-            for example, group in tqdm(list(units.groupby("example_id")), desc=f"{folder.name} {dtype}"):
-                configs = [Config(press, float(r), int(s)) for press, r, s in
-                           group[["press", "compression_ratio", "seed"]].itertuples(index=False)
-                           if record_key(base | dict(example_id=example, press=press, compression_ratio=r,
-                                                     seed=s)) not in done]
-                if configs:
-                    rows = held(model, found[example], configs)
-                    store.append([base | dict(example_id=example, dtype=dtype, **row) for row in rows])
-                    written += len(rows)
+    for dtype in args.dtypes:
+        model.to(getattr(torch, dtype))
+        store = ResultStore(out / f"{ident['dataset']}-{dtype}.jsonl")
+        base = dict(model=ident["model"], dataset=ident["dataset"], data_dir=str(ident["context_length"]))
+        done = store.done_keys()
+        for example, group in tqdm(list(units.groupby("example_id")), desc=f"{ident['dataset']} {dtype}"):
+            configs = [Config(press, float(r), int(s)) for press, r, s in
+                       group[["press", "compression_ratio", "seed"]].itertuples(index=False)
+                       if record_key(base | dict(example_id=example, press=press, compression_ratio=r,
+                                                 seed=s)) not in done]
+            if configs:
+                rows = held(model, found[example], configs)
+                store.append([base | dict(example_id=example, dtype=dtype, **row) for row in rows])
+                written += len(rows)
     model.to(torch.float32)
     print(f"{written} records written under {out}")
     return written
