@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The bytes held on the cache (keys, values, correction bias) by the test pool's presses whose bytes are not
 # kvpress top-k's by construction, measured on the contexts of the committed test records (python -m evaluation.bench
-# bytes). Resumable. float32: snapkv and the six; bfloat16: snapkv and RECOMMENDED (the dtype users run).
+# bytes). Resumable. float32: snapkv and the six; bfloat16: snapkv and RECOMMENDED (the dtype users run), on the
+# first MAX_EXAMPLES (default 4) examples of each regime, since bf16 on this CPU takes about 2 minutes a context.
 #   sh results/rule/run-test-bytes.sh float32|bfloat16 [OUT_ROOT]  -> <OUT_ROOT>/bytes/test-records/<regime>-<dtype>.jsonl
 PY="${PY:-/work/main/.venv/bin/python}"
 DTYPE="$1"
@@ -10,7 +11,7 @@ export PYTHONPATH=$PWD
 case "$DTYPE" in
   float32) POOL="snapkv topk_kvzip_widest topk_kvzip_ragged_fit topk_kvzip_layers hybrid_keydiff_block8_a90
              prob_min_h_priority prob_min_h_priority_head" ;;
-  bfloat16) POOL="snapkv topk_kvzip_widest" ;;
+  bfloat16) POOL="snapkv topk_kvzip_widest"; LIMIT="--max-examples ${MAX_EXAMPLES:-4}" ;;  # CPU bf16: ~2 min a context
   *) echo "usage: sh results/rule/run-test-bytes.sh float32|bfloat16 [OUT_ROOT]"; exit 2 ;;
 esac
 RULER="results/test/ruler-1024 results/test/hybrid-1024 results/test/ruler-1024-two-regimes results/test/round2-ruler-1024
@@ -22,5 +23,5 @@ RECALL="results/recall/test-1024 results/recall/test-1024-cand results/recall/te
 for regime in RULER PROSE RECALL; do
   eval folders=\$$regime
   $PY -m evaluation.bench bytes --results $folders --name test-records --presses $POOL --ratios 0.5 0.75 \
-    --dtypes "$DTYPE" --out "$OUT" || exit 1
+    --dtypes "$DTYPE" --out "$OUT" $LIMIT || exit 1
 done

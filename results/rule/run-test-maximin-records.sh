@@ -10,12 +10,14 @@ RULER="results/test/ruler-1024 results/test/hybrid-1024 results/test/ruler-1024-
   results/test/round2-ruler-1024-cand results/test/ruler-1024-prob results/test/regime-ruler-1024
   results/test/regime-ruler-1024-cand results/test/round2-ruler-1024-pick2"
 PROSE="results/prose/test-1024 results/prose/test-1024-round2-cand results/prose/test-1024-round2"
+# the bytes held, measured on these records' contexts (sh results/rule/run-test-bytes.sh float32, bfloat16)
+BYTES=$(ls results/bytes/test-records/*.jsonl)
 POOL="topk_kvzip_widest topk_kvzip_ragged_fit topk_kvzip_layers kvzip topk_keydiff_block8 h2o snapkv tova keydiff
   expected_attention hybrid_keydiff_block8_a90 prob_min_h_priority prob_min_h_priority_head"
 $PY -m evaluation.report.maximin_table test --ratios 0.5 0.75 --ruler $RULER --prose $PROSE \
   --recall results/recall/test-1024 results/recall/test-1024-cand results/recall/test-1024-round2 \
     results/recall/test-1024-round2-cand results/recall/test-1024-added \
-  --only $POOL --out results/rule/test-maximin-records.md
+  --only $POOL --bytes $BYTES --out results/rule/test-maximin-records.md
 $PY -m evaluation.report.maximin_table test --ratios 0.5 0.75 --ruler $RULER --prose $PROSE \
   --recall results/recall/test-1024-round2-cand results/recall/test-1024-added \
-  --only $POOL --out results/rule/test-maximin-records-added.md
+  --only $POOL --bytes $BYTES --out results/rule/test-maximin-records-added.md
