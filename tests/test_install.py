@@ -66,8 +66,9 @@ def test_installed_cli_runs_help_and_a_tiny_generate(wheel, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(site), "KVPROB_CACHE": str(cache)}
     kvprob = site / "bin" / "kvprob"
 
-    where = run([sys.executable, "-c", "import kvpress_prob, evaluation; print(kvpress_prob.__file__); "
-                 "print(evaluation.__file__)"], env=env, cwd=tmp_path).stdout.split()
+    where = run([sys.executable, "-c", "from importlib.util import find_spec; "  # where each resolves, not run
+                 "print(find_spec('kvpress_prob').origin, find_spec('evaluation').origin)"],
+                env=env, cwd=tmp_path).stdout.split()
     assert all(Path(p).is_relative_to(site) for p in where), where  # the installed copy, not the sources
 
     text = run([kvprob, "--help"], env=env, cwd=tmp_path).stdout

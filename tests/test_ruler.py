@@ -10,14 +10,9 @@ from transformers import AutoTokenizer
 
 from evaluation.tasks import FRAME_COLUMNS, count_tokens, load_dataset_frame
 from evaluation.tasks.ruler import offline as ruler
-from evaluation.tasks.ruler.offline import (
-    NOISE,
-    OFFLINE_TASKS,
-    fit_size,
-    generate_ruler,
-    split_sentences,
-    spread_examples,
-)
+from evaluation.tasks.ruler.niah import NIAH_SPECS, split_sentences
+from evaluation.tasks.ruler.offline import OFFLINE_TASKS, fit_size, generate_ruler, spread_examples
+from evaluation.tasks.ruler.text import NOISE
 from evaluation.tasks.ruler.hub import load_ruler_hub
 from kvpress_prob.models import embedded_model_path
 
@@ -77,7 +72,7 @@ def _question_keys(question: str) -> list[str]:
     return re.split(r", and |, ", query)
 
 
-SPECS = ruler.NIAH_SPECS
+SPECS = NIAH_SPECS
 
 
 @pytest.mark.parametrize("task", list(SPECS))

@@ -182,8 +182,9 @@ def test_cli_fails_fast_on_unknown_names(capsys):
         cli_main(["reproduce", "--preset", "nope"])
 
 
-def test_killed_run_resumes_to_the_same_metrics(tmp_path, tokenizer):
-    """SIGKILL a real `kvprob run` mid-way, rerun it, and compare with an uninterrupted run."""
+def test_killed_run_resumes_to_the_same_metrics(tmp_path, tokenizer, monkeypatch):
+    """SIGKILL a real `kvprob run` process mid-way, rerun it, and compare with an uninterrupted run (the clean
+    run and the rerun in this process, on the killed process's thread count)."""
     import os
     import signal
     import subprocess
@@ -193,16 +194,18 @@ def test_killed_run_resumes_to_the_same_metrics(tmp_path, tokenizer):
     model_dir = tmp_path / "tiny"
     tiny_model("llama").save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
-    env = {**os.environ, "KVPROB_CACHE": str(tmp_path / "cache")}
+    monkeypatch.setenv("KVPROB_CACHE", str(tmp_path / "cache"))
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
 
     def command(out):
-        return [sys.executable, "-m", "evaluation", "run", "--model", str(model_dir), "--context-length", "300",
+        return ["run", "--model", str(model_dir), "--context-length", "300",
                 "--n-examples", "3", "--tasks", "vt", "--presses", "snapkv", "prob_min",
                 "--ratios", "0.5", "--seeds", "0", "1", "--out", str(out)]
 
-    subprocess.run(command(tmp_path / "clean"), env=env, check=True, capture_output=True)
+    cli_main(command(tmp_path / "clean"))
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(command(killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, "-m", "evaluation", *command(killed)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     results = killed / "results.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and (not results.exists() or len(results.read_text().splitlines()) < 4):
@@ -211,7 +214,7 @@ def test_killed_run_resumes_to_the_same_metrics(tmp_path, tokenizer):
     proc.wait()
     partial = len(results.read_text().splitlines())
     assert 4 <= partial < 12, "the kill should land mid-run"
-    subprocess.run(command(killed), env=env, check=True, capture_output=True)
+    cli_main(command(killed))
     a, b = ResultStore(tmp_path / "clean" / "results.jsonl").load(), ResultStore(results).load()
     assert len(a) == len(b) == 3 * 4  # 3 examples x (full, snapkv, prob_min seeds 0 and 1)
     mean = lambda df: df.groupby(["press", "seed"]).score.mean()  # noqa: E731

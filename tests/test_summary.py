@@ -188,14 +188,14 @@ def test_summary_presses_in_pipeline_runner_and_batch(arch, tmp_path, tokenizer)
 @pytest.mark.parametrize("tau", [0.1, 0.5, 1.0])
 def test_expected_stored_count_is_n_at_every_tau(tau):
     """E[sum_kept (1 + (1 - tau)(w_i - 1)) + tau sum_g N_g] = n for a random-size threshold draw:
-    the stored bias of 200 seeds (each the 3 layers x 2 heads of a tiny model, n = 48, V = 2),
+    the stored bias of 100 seeds (each the 3 layers x 2 heads of a tiny model, n = 48, V = 2),
     exp-summed over the stored entries (padding adds 0), against n; tolerance 4.5 Monte Carlo
-    standard errors of the mean over the 200 seeds."""
+    standard errors of the mean over the 100 seeds."""
     model = tiny_model("llama")
     n = 48
     shared = Prefill(model, torch.randint(3, 100, (1, n), generator=torch.Generator().manual_seed(4)))
     totals = []
-    for seed in range(200):
+    for seed in range(100):
         press = SummarySamplingPress(proposal=ScoreProposal(scorer=KeyDiffPress()), sampler=ThresholdSampler(),
                                      compression_ratio=0.5, budget="head", seed=seed, bias_dtype="float32",
                                      summary=Summary(n_virtual=2, grouping="segments", weight=tau))

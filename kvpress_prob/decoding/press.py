@@ -111,7 +111,7 @@ class SamplingDecodingPress(DecodingPress):
         mixture: no candidate's inclusion probability falls below about floor k / m).
     bias_dtype : {"float32", "keys"}, default "float32"
         The dtype the compounded bias is stored in: float32, or the keys' dtype (2 bytes in
-        bfloat16 / float16: the equal-bytes accounting of ``evaluation.streaming.presses`` reads it).
+        bfloat16 / float16, which an equal-bytes comparison counts per kept entry).
     seed : int, default 0
         Round r of layer l draws from a generator seeded with (seed, l, r): same seed, same kept sets.
     """

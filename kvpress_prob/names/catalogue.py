@@ -10,7 +10,7 @@ Any name the grid reads (``kvpress_prob.names.grid``) or ``kvpress_prob.names.na
 ``get_press``, shipped or not, so a record that names a dropped press stays reproducible.
 
 Adding a press: its module (a dataclass press, or a proposal or sampler the grid composes), then one entry
-here: its grid point in ``SHIPPED`` (and its option or part in ``grid.py``), or, for a press outside the
+here: its grid point in ``SHIPPED`` (and its option or part in ``grid``), or, for a press outside the
 grammar, its factory in ``named.NAMED`` and its name in ``NAMED_SHIPPED``; a new family adds a ``Family`` row
 and a rule in ``family_of``.
 """

@@ -5,9 +5,8 @@ CUDA, ``fast_matmul`` lets those float32 matmuls run on TF32 tensor cores (input
 mantissa bits, float32 accumulation); elsewhere it changes nothing (a CPU's "high" precision may use
 bfloat16 through oneDNN on some processors, which would make results machine-dependent).
 ``round_tf32`` emulates TF32's input rounding on any device: ``tests/test_nxn.py`` runs the proposal
-on TF32-rounded inputs against a float64 reference, and the GPU check (``evaluation/gpu_check``)
-compares the CUDA result with the same tolerance, ``TF32_TOLERANCE`` (total variation between the
-normalised masses). bfloat16 matmuls are not used: their bfloat16 output rounds a logit of 16 to a
+on TF32-rounded inputs against a float64 reference, and the GPU check compares the CUDA result with
+the same tolerance, ``TF32_TOLERANCE`` (total variation between the normalised masses). bfloat16 matmuls are not used: their bfloat16 output rounds a logit of 16 to a
 step of 0.125, a 6 % error on its weight.
 """
 

@@ -1,5 +1,5 @@
-"""What RULER's generators share (``ruler.py`` builds the NIAH tasks and the frames, ``ruler_words.py``
-vt / cwe / fwe, ``ruler_hub.py`` the hub tasks): task names, RULER's templates, kvpress's split of a
+"""What RULER's generators share (``niah`` builds the NIAH tasks, ``words`` vt / cwe / fwe, ``hub`` the hub
+tasks, ``offline`` the frames): task names, RULER's templates, kvpress's split of a
 prompt into context / question / answer prefix, the word lists and line insertion."""
 
 from __future__ import annotations
