@@ -6,7 +6,6 @@ import re
 
 import pytest
 
-from evaluation.engine.prefill import _tokenizer_loaded_once
 from kvpress_prob.names.registry import PRESSES
 from kvpress_prob.presses.h2o import EagerObservedAttentionPress
 from kvpress_prob.presses.kvzip_scoring import GENERATE_ERROR, BoundedKVzipPress
@@ -54,7 +53,7 @@ def test_generate_decodes_on_the_compressed_cache_or_refuses(name, models):
     try:
         if isinstance(press, BoundedKVzipPress):
             with pytest.raises(RuntimeError, match=re.escape(GENERATE_ERROR[:60])):
-                with _tokenizer_loaded_once(), press(model):  # (the embedded tokenizer loaded once, for speed)
+                with press(model):
                     model.generate(random_ids(N, seed=1), max_new_tokens=3, do_sample=False)
             assert len(seen) == 1  # refused at the first decoding forward's entry (the spy ran before the guard)
         else:

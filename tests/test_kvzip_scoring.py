@@ -53,16 +53,15 @@ def test_row_blocks_give_the_whole_pass_scores_and_a_float64_reference(arch, plu
     model, ids = tiny_model(arch), random_ids(N, seed=21)
     row = 4 * (4 + CHUNK + 60) * 4  # bytes of one query row's logits: H_q x (keys of the longest pass) x fp32
     blocked = bounded_scores(model, ids, plus, 2 * row, monkeypatch)  # two rows (or more, on shorter passes)
-    whole = bounded_scores(model, ids, plus, 2**40, monkeypatch)  # every row in one block
     one_row = bounded_scores(model, ids, plus, 1, monkeypatch)  # at least one row per block
-    kvpress = reference_scores(model, ids, plus).cpu()
+    default = bounded_scores(model, ids, plus, kvzip_scoring.ATTENTION_BYTES, monkeypatch)  # one layer's K+V
+    whole = reference_scores(model, ids, plus).cpu()  # kvpress's: every row in one dense tensor
     exact = reference_scores(copy.deepcopy(model).double(), ids, plus).cpu()
     assert blocked.shape == (3, 1, 2, N) and (blocked[..., 24:] > 0).all()  # (KVzip skips the chat template's 24-token prefix)
-    for scores in (blocked, one_row):
+    for scores in (blocked, one_row, default):
         torch.testing.assert_close(scores, whole, rtol=1e-5, atol=1e-8)
-    torch.testing.assert_close(whole, kvpress, rtol=1e-5, atol=1e-8)
-    # float32 against float64 through three layers: relative rounding ~1e-6 per op, far below 1e-4
-    torch.testing.assert_close(blocked.double(), exact, rtol=1e-4, atol=1e-7)
+        # float32 against float64 through three layers: relative rounding ~1e-6 per op, far below 1e-4
+        torch.testing.assert_close(scores.double(), exact, rtol=1e-4, atol=1e-7)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -143,6 +142,7 @@ def test_the_cache_never_exceeds_its_bound(monkeypatch):
 
 def test_kvpress_warning_prints_once(caplog):
     get_press("topk_kvzip_widest", 0.5)  # the process's first has printed it by now
+    caplog.clear()
     with caplog.at_level(logging.WARNING, logger="kvpress.presses.kvzip_press"):
         for name in ("kvzip", "topk_kvzip_widest", "prob_kvzip_priority_head"):
             get_press(name, 0.5)
@@ -175,3 +175,36 @@ def test_the_shared_prefill_refuses_a_batch_before_scoring(monkeypatch):
     with pytest.raises(ValueError, match="batch size 1"):
         shared.compress(press)
     assert calls == []
+
+
+def test_widest_fit_refuses_a_budget_below_one_entry_per_layer():
+    from kvpress_prob.presses.kvzip_alloc import widest_fit
+
+    scores = torch.rand(3, 1, 2, 8, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"ratio 1\.0 at context length 8 .* below one entry per layer"):
+        widest_fit(scores, 1.0)
+    # below a ratio of 1, kvpress's count keeps at least one entry per head: the refusal is unreachable
+    for n in (1, 2, 8):
+        for ratio in (0.0, 0.5, 0.99, 0.999999):
+            k, widths = widest_fit(torch.rand(3, 1, 2, n, generator=torch.Generator().manual_seed(n)), ratio)
+            assert int(widths.sum()) <= 3 * max(1, int(n * (1 - ratio))) and (widths >= 1).all()
+
+
+@pytest.mark.parametrize("name", ["topk_kvzip_widest", "topk_kvzip_ragged", "topk_kvzip_ragged_fit"])
+def test_get_press_refuses_overrides_the_allocated_presses_ignore(name):
+    for key, value in dict(seed=3, floor=0.1, layers=True, sampler="priority", budget="layer", correct=False,
+                           layerwise=True).items():
+        with pytest.raises(ValueError, match=rf"press '{name}' ignores the override\(s\) \['{key}'\]"):
+            get_press(name, 0.5, **{key: value})
+    with pytest.raises(ValueError, match=r"\['floor', 'seed'\]"):
+        get_press(name, 0.5, seed=1, floor=0.2)
+    assert get_press(name, 0.5, n_sink=8, chunk_size=512).chunk_size == 512  # the fields it reads
+
+
+def test_get_press_refuses_a_seed_a_deterministic_kvzip_design_ignores():
+    with pytest.raises(ValueError, match=r"ignores the override\(s\) \['seed'\]"):
+        get_press("topk_kvzip_head", 0.5, seed=2)
+    with pytest.raises(ValueError, match=r"\['budget'\]"):
+        get_press("topk_kvzip_layers", 0.5, budget="global")
+    assert get_press("topk_kvzip_head", 0.5, sampler="priority", seed=2).seed == 2  # a random design reads it
+    assert get_press("prob_kvzip_priority_head", 0.5, seed=2, budget="layer").budget == "layer"

@@ -6,7 +6,7 @@ asked to repeat the context. ``BoundedKVzipPress`` is that press, scores and mas
 
 - **bounded scoring memory**: each layer's scores are computed over blocks of the reconstruction's query rows,
   so that no dense attention tensor (the logits, the softmax: H_q x rows x keys, in the model's dtype) exceeds
-  ``ATTENTION_BYTES``. KVzip's score is a maximum over query rows and the softmax is per row, so the blocks'
+  ``ATTENTION_BYTES`` nor one layer's K+V of the context. KVzip's score is a maximum over query rows and the softmax is per row, so the blocks'
   maxima are the scores of the whole pass. The cache entries that the reconstruction tokens appended are
   freed at each layer (kvpress's slice keeps their storage alive until the next pass);
 - **a score cache** (``ScoreCache``, module instance ``SCORES``): the scores depend on the model and the context
@@ -18,7 +18,9 @@ asked to repeat the context. ``BoundedKVzipPress`` is that press, scores and mas
 - **refusals before any pass**: eager attention and a batch of more than one context are refused on entry,
   and so is a second forward inside the ``with`` block (``model.generate``'s first decoding step): KVzip scores
   after the block exits, so decoding inside it would run on the full cache (``GENERATE_ERROR``);
-- kvpress's warning of the reconstruction's cost is printed once per process, not at every construction.
+- kvpress's warning of the reconstruction's cost is printed once per process, not at every construction, and
+  the tokenizer kvpress loads at every entry (its chat template; 49 MiB of host memory for the embedded model's)
+  is loaded once per process (``tokenizer_of``).
 """
 
 from __future__ import annotations
@@ -33,13 +35,17 @@ from dataclasses import dataclass
 
 import torch
 from kvpress import KVzipPress
+from kvpress.presses import kvzip_press
 from kvpress.utils import get_prerope_query_states
+from transformers import AutoTokenizer
 from transformers.models.llama.modeling_llama import rotate_half
 
 from kvpress_prob.presses.sampling import language_model
 
 #: Largest dense attention tensor (logits or softmax, H_q x rows x keys) of one block of KVzip's scoring, in
-#: bytes. The reconstruction's query rows are cut into blocks under it (at least one row per block).
+#: bytes; a block's tensors are also at most one layer's K+V of the context (2 H_kv n d in the model's dtype),
+#: so the scoring adds at most 2 / L of the full K+V. The reconstruction's query rows are cut into blocks under
+#: both (at least one row per block).
 ATTENTION_BYTES = 64 * 2**20
 #: Most bytes of KVzip scores kept for reuse, over all models (one context's: L x H_kv x n in the model's dtype).
 SCORE_CACHE_BYTES = 256 * 2**20
@@ -50,7 +56,7 @@ GENERATE_ERROR = ("a KVzip press scores the context when its `with` block exits,
                   "press that compresses inside the prefill")
 
 
-class _Once(logging.Filter):
+class _WarnOnce(logging.Filter):
     """Passes kvpress's KVzip cost warning the first time, drops it afterwards."""
 
     def __init__(self):
@@ -64,7 +70,40 @@ class _Once(logging.Filter):
         return passed
 
 
-logging.getLogger("kvpress.presses.kvzip_press").addFilter(_Once())
+logging.getLogger("kvpress.presses.kvzip_press").addFilter(_WarnOnce())
+
+
+_TOKENIZERS: dict[str, object] = {}
+
+
+def tokenizer_of(model):
+    """The tokenizer kvpress's KVzip loads for ``model`` (``AutoTokenizer`` of its ``name_or_path``), loaded once
+    per process and kept: KVzip only reads its chat template and encodes two fixed prompts."""
+    return _load(model.config.name_or_path)
+
+
+def _load(name: str):
+    if name not in _TOKENIZERS:
+        _TOKENIZERS[name] = AutoTokenizer.from_pretrained(name)
+    return _TOKENIZERS[name]
+
+
+class _Once:
+    """Stands for ``AutoTokenizer`` in kvpress's KVzip module: ``from_pretrained`` loads once per name."""
+
+    @staticmethod
+    def from_pretrained(name, *args, **kwargs):
+        return _load(name)
+
+
+@contextmanager
+def _tokenizer_loaded_once():
+    """Within: kvpress's KVzipPress, which loads the model's tokenizer at every entry, gets ``tokenizer_of``'s."""
+    original, kvzip_press.AutoTokenizer = kvzip_press.AutoTokenizer, _Once
+    try:
+        yield
+    finally:
+        kvzip_press.AutoTokenizer = original
 
 
 class ScoreCache:
@@ -158,7 +197,7 @@ class BoundedKVzipPress(KVzipPress):
                 check_batch(ids)
             seen.append(True)
 
-        with super().__call__(model):
+        with _tokenizer_loaded_once(), super().__call__(model):
             handle = language_model(model).register_forward_pre_hook(guard, with_kwargs=True)
             try:
                 yield
@@ -187,7 +226,8 @@ class BoundedKVzipPress(KVzipPress):
 
     @torch.no_grad()
     def score_kvzip(self, module, hidden_states, keys, values, attentions, kwargs):
-        """kvpress's ``score_kvzip`` over blocks of query rows, each dense tensor under ``ATTENTION_BYTES``: the
+        """kvpress's ``score_kvzip`` over blocks of query rows (each dense tensor under ``ATTENTION_BYTES`` and one
+        layer's K+V): the
         largest attention (softmax over the sinks, the chunk and the causal reconstruction tokens) each chunk
         entry receives from any query head of its group and any row, into ``score_val``. Returns the prefilled
         keys and values as new tensors (the reconstruction's entries freed)."""
@@ -207,7 +247,8 @@ class BoundedKVzipPress(KVzipPress):
             kept_values = torch.cat([values[:, :, :sink], values[:, :, self.start_idx : self.end_idx],
                                      values[:, :, -q_len:]], dim=2)
             wov_norm = self._compute_value_output_norm(module, kept_values)  # (b, H_kv, G, m)
-        rows = max(1, ATTENTION_BYTES // (b * h_kv * groups * m * queries.element_size()))
+        layer_kv = 2 * keys.shape[1] * self.context_length * d * keys.element_size()  # one layer's K+V, bytes
+        rows = max(1, min(ATTENTION_BYTES, layer_kv) // (b * h_kv * groups * m * queries.element_size()))
         scores = None
         for start in range(0, q_len, rows):
             stop = min(q_len, start + rows)
@@ -236,4 +277,4 @@ def check_batch(ids: torch.Tensor) -> None:
 
 
 __all__ = ["ATTENTION_BYTES", "BoundedKVzipPress", "GENERATE_ERROR", "SCORES", "SCORE_CACHE_BYTES", "ScoreCache",
-           "check_batch", "clear_scores"]
+           "check_batch", "clear_scores", "tokenizer_of"]
