@@ -89,7 +89,7 @@ def honesty(model, model64, context_ids: torch.Tensor, fed_ids: torch.Tensor, ra
     from evaluation.engine import press_prefill, teacher_forced
     from evaluation.tasks.prose.measure import masks_as_bias
     from kvpress_prob.correction import bias as correction
-    from kvpress_prob.presses import kvzip
+    from kvpress_prob.presses import kvzip_scoring
     from kvpress_prob.presses.kvzip_alloc import allocation_keep
     from kvpress_prob.presses.sampling import language_model
     from kvpress_prob.names.registry import get_press
@@ -109,7 +109,7 @@ def honesty(model, model64, context_ids: torch.Tensor, fed_ids: torch.Tensor, ra
     evicted, _ = teacher_forced(model, cache, fed_ids, n)
     held = sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in cache.layers)
     same_set = ragged.kept == keep[:, 0].sum(-1).tolist() and bool(torch.equal(
-        allocation_keep(raised(next(reversed(kvzip._SCORES.values())), ragged.n_sink), ratio, "ragged"), keep))
+        allocation_keep(raised(kvzip_scoring.SCORES.stored()[-1], ragged.n_sink), ratio, "ragged"), keep))
     del cache
     full, _ = teacher_forced(model, press_prefill(model, context_ids, None), fed_ids, n)
     ref = dense_reference(model64, context_ids, fed_ids, keep)
@@ -227,13 +227,13 @@ def cases(model, tokenizer) -> list[dict]:
 def scores_of(model, context_ids: torch.Tensor) -> torch.Tensor:
     """KVzip's reconstruction scores (L, 1, H, n) of one context, through our press (kvpress's scoring pass)."""
     from evaluation.engine import press_prefill
-    from kvpress_prob.presses import kvzip
+    from kvpress_prob.presses import kvzip_scoring
     from kvpress_prob.names.registry import get_press
 
     press = get_press("topk_kvzip_layers", 0.5)
-    kvzip._SCORES.clear()
+    kvzip_scoring.clear_scores()
     press_prefill(model, context_ids, press)
-    return raised(next(iter(kvzip._SCORES.values())), press.n_sink)
+    return raised(kvzip_scoring.SCORES.stored()[0], press.n_sink)
 
 
 def survival_records(model, tokenizer, ratios, recall_windows: int, sink=None) -> list[dict]:

@@ -3,9 +3,10 @@ top-k twin is KVzip's per-head top-k of its own scores, sampled designs depend o
 
 import pytest
 import torch
+from kvpress import KVzipPress
 
 from evaluation.engine import cache_summary, press_prefill
-from kvpress_prob.presses import kvzip
+from kvpress_prob.presses import kvzip_scoring
 from kvpress_prob.presses.kvzip import KVzipSampledPress
 from kvpress_prob.names.registry import get_press
 from tests.conftest import random_ids, tiny_model
@@ -21,17 +22,17 @@ def prefilled():
 
     def prefill(arch: str, seed: int, press):
         model, ids = tiny_model(arch), random_ids(N, seed=seed)
-        kvzip._SCORES.clear()
+        kvzip_scoring.clear_scores()
         return model, ids, press_prefill(model, ids, press)
 
     yield prefill
-    kvzip._SCORES.clear()
+    kvzip_scoring.clear_scores()
 
 
 def only_scores() -> torch.Tensor:
     """The (L, 1, H, n) KVzip scores in the store, which must hold one prefill's: computed once, kept."""
-    assert len(kvzip._SCORES) == 1
-    return next(iter(kvzip._SCORES.values()))
+    assert len(kvzip_scoring.SCORES) == 1
+    return kvzip_scoring.SCORES.stored()[0]
 
 
 def test_equal_memory_and_the_top_k_twin_keeps_the_top_scores(prefilled):
@@ -52,13 +53,13 @@ def test_equal_memory_and_the_top_k_twin_keeps_the_top_scores(prefilled):
 def test_sampled_designs_depend_on_the_seed_and_reuse_the_scores(prefilled):
     model, ids, a = prefilled("qwen3", 5, get_press("prob_kvzip_priority_head", 0.5, seed=0))
     calls = []
-    original = KVzipSampledPress.__mro__[1]._perform_kvzip_compression
-    KVzipSampledPress.__mro__[1]._perform_kvzip_compression = lambda self, m, t: calls.append(1) or original(self, m, t)
+    original = KVzipPress._perform_kvzip_compression  # kvpress's: the reconstruction passes
+    KVzipPress._perform_kvzip_compression = lambda self, m, t: calls.append(1) or original(self, m, t)
     try:
         b = press_prefill(model, ids, get_press("prob_kvzip_priority_head", 0.5, seed=1))
         c = press_prefill(model, ids, get_press("hybrid_kvzip_block8_a50", 0.75, seed=0))
     finally:
-        KVzipSampledPress.__mro__[1]._perform_kvzip_compression = original
+        KVzipPress._perform_kvzip_compression = original
     assert calls == []  # the reconstruction passes ran once, for the first press
     assert any(not torch.equal(x.keys, y.keys) for x, y in zip(a.layers, b.layers))
     assert all(x.keys.shape[2] == N // 4 for x in c.layers)
@@ -130,17 +131,17 @@ def test_the_shared_prefill_compresses_a_kvzip_press_as_its_own_prefill_does(nam
     modules = [layer.self_attn for layer in language_model(model).layers]
     assert plan(model, get_press(name, 0.5, seed=1), N).kind == "kvzip"
     for ratio in (0.25, 0.75):
-        kvzip._SCORES.clear()
+        kvzip_scoring.clear_scores()
         own = press_prefill(model, ids, get_press(name, ratio, seed=1))
         own_bias = [bias_of(m, own) for m in modules]
-        kvzip._SCORES.clear()
+        kvzip_scoring.clear_scores()
         press = get_press(name, ratio, seed=1)
         shared = Prefill(model, ids, [press, get_press("prob_min_h_priority_head", 0.5)])
         replayed = shared.compress(press)
-        assert shared.prefills == 1 and len(kvzip._SCORES) == 1
+        assert shared.prefills == 1 and len(kvzip_scoring.SCORES) == 1
         for m, a, b, bias in zip(modules, own.layers, replayed.layers, own_bias):
             assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
             other = bias_of(m, replayed)
             assert (bias is None) == (other is None) and (bias is None or torch.equal(bias, other))
         assert all(torch.equal(k, layer.keys) for k, layer in zip(shared.keys, shared.full_cache.layers))
-    kvzip._SCORES.clear()
+    kvzip_scoring.clear_scores()

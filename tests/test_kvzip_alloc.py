@@ -9,7 +9,7 @@ from evaluation.engine import Compressed, cache_summary, generate_batch, press_p
 from evaluation.tasks.prose.measure import masks_as_bias
 from experiments.zip_gap import dense_reference, float64_copy, masked_keep
 from kvpress_prob.correction import bias as correction
-from kvpress_prob.presses import kvzip
+from kvpress_prob.presses import kvzip_scoring
 from kvpress_prob.presses.kvzip_alloc import KVzipAllocatedPress, allocation_keep, kvzip_keep, top_counts, widest_fit
 from kvpress_prob.presses.sampling import language_model
 from kvpress_prob.names.registry import get_press
@@ -17,7 +17,7 @@ from tests.conftest import random_ids, tiny_model
 
 
 def _scores(press, n):
-    scores = next(iter(kvzip._SCORES.values())).float().clone()
+    scores = kvzip_scoring.SCORES.stored()[0].float().clone()
     scores[..., : press.n_sink] = scores.amax() + 1
     return scores
 
@@ -28,7 +28,7 @@ def test_kvzip_mask_equals_explicit_eviction_and_a_float64_reference(arch):
     model64 = float64_copy(model)
     layers = language_model(model).layers
     ids, fed = random_ids(n, seed=11), random_ids(t, seed=12)
-    kvzip._SCORES.clear()
+    kvzip_scoring.clear_scores()
     cache = press_prefill(model, ids, get_press("kvzip", 0.5))
     keep = masked_keep(layers, n)
     assert 0.4 < keep.double().mean() < 0.6 and not keep.all(dim=-1).all()  # ragged: some head loses entries
@@ -68,7 +68,7 @@ def test_kvzip_mask_holds_in_batched_decoding(tokenizer):
     explicit eviction of its masked set: the same tokens, whatever the batch."""
     model, n = tiny_model("llama"), 64
     ids, question = random_ids(n, seed=13), random_ids(6, seed=14)
-    kvzip._SCORES.clear()
+    kvzip_scoring.clear_scores()
     layers = language_model(model).layers
     items = [Compressed.take(press_prefill(model, ids, get_press("kvzip", 0.75)), layers),
              Compressed.take(press_prefill(model, ids, get_press("topk_kvzip_ragged", 0.75)), layers),
@@ -81,7 +81,7 @@ def test_kvzip_mask_holds_in_batched_decoding(tokenizer):
 def test_equal_memory_allocations_fit_the_bytes(ratio):
     model, n = tiny_model("qwen3", layers=4), 64
     ids = random_ids(n, seed=15)
-    kvzip._SCORES.clear()
+    kvzip_scoring.clear_scores()
     full = press_prefill(model, ids, None)
     full_bytes = sum(layer.keys.numel() * 4 * 2 for layer in full.layers)
     for allocation in ("widest", "ragged_fit"):

@@ -41,3 +41,28 @@ def test_each_prefill_is_compared_with_snapkv_at_its_length():
                    "prefill time prob_min_h[budget=layer] / snapkv <= 1.1": True,
                    "prefill peak prob_min_h[prefill=recompute] - snapkv, in K+V <= 0.1": False,
                    "prefill time prob_min_h[prefill=recompute] / snapkv <= 2.2": False}
+
+
+def test_kvzip_is_held_to_the_full_kv_above_snapkv_and_its_time_is_shown():
+    kv = 180 * MIB
+    rows = pd.DataFrame([
+        dict(case="press", press="snapkv", n=4096, extra_bytes=208 * MIB, kv_bytes=kv, seconds=10.0, repeat_seconds=[]),
+        dict(case="press", press="topk_kvzip_widest", n=4096, extra_bytes=334 * MIB, kv_bytes=kv, seconds=54.0,
+             repeat_seconds=[]),
+        dict(case="press", press="kvzip", n=4096, extra_bytes=(208 + 200) * MIB, kv_bytes=kv, seconds=50.0,
+             repeat_seconds=[]),
+    ])
+    checks = {row["target"]: row for row in mode_checks(rows)}
+    assert checks["prefill peak topk_kvzip_widest - snapkv, in K+V <= 1.1"]["met"] is True
+    assert checks["prefill peak topk_kvzip_widest - snapkv, in K+V <= 1.1"]["value"] == pytest.approx(126 / 180)
+    assert checks["prefill peak kvzip - snapkv, in K+V <= 1.1"]["met"] is False  # 200 / 180 = 1.11
+    assert checks["(info) prefill time topk_kvzip_widest / snapkv"]["value"] == pytest.approx(5.4)
+    assert checks["(info) prefill time topk_kvzip_widest / snapkv"]["met"] is None
+
+
+def test_the_random_model_has_positions_beyond_the_embedded_model():
+    from evaluation.bench.common import RANDOM_MODELS, load
+
+    model, tokenizer = load("tiny-random-16k")
+    assert model.config.max_position_embeddings == RANDOM_MODELS["tiny-random-16k"]["max_position_embeddings"] > 8192
+    assert model.config.vocab_size == len(tokenizer) and model.config._attn_implementation == "sdpa"

@@ -9,7 +9,7 @@ import torch
 
 from evaluation.engine import cache_summary, press_prefill
 from evaluation.engine import bias_bytes
-from kvpress_prob.presses import kvzip
+from kvpress_prob.presses import kvzip_scoring
 from kvpress_prob.names.grid import parse_name, press_name
 from kvpress_prob.samplers.mixture import MixtureSampler, defensive_mixture, peak_share, rank_calibrated
 from kvpress_prob.names.registry import get_press
@@ -184,7 +184,7 @@ def test_equal_memory_on_the_cache():
     """Held bytes (keys + values) are at most kvpress top-k's (snapkv's), plus one bias value per kept entry."""
     model, n = tiny_model("llama"), 96
     ids = random_ids(n, seed=7)
-    kvzip._SCORES.clear()
+    kvzip_scoring.clear_scores()
     names = ["cross_keydiff_block8_a0_mix50", "cross_keydiff_block8_a50_mix50_tblock", "cross_kvzip_block8_a50_mix50_layers",
              "cross_kvzip_block8_a0_mix50_peak60_layers"]
     layers = model.model.layers

@@ -13,7 +13,7 @@ from evaluation.engine import press_prefill
 from experiments.zip_gap import dense_reference, float64_copy
 from kvpress_prob.correction import attention, bias as correction, flex
 from kvpress_prob.names.registry import get_press
-from kvpress_prob.presses import kvzip
+from kvpress_prob.presses import kvzip_scoring
 from kvpress_prob.presses.kvzip_alloc import allocation_keep, evict_keep
 from kvpress_prob.presses.sampling import language_model
 from tests.conftest import random_ids, tiny_model
@@ -46,7 +46,7 @@ def _no_bias(model, cache):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_widest_stores_no_bias(dtype):
     model = tiny_model("llama", dtype)
-    kvzip._SCORES.clear()
+    kvzip_scoring.clear_scores()
     cache = press_prefill(model, random_ids(64, seed=3), get_press("topk_kvzip_widest", 0.5))
     assert _no_bias(model, cache)
 
@@ -84,9 +84,9 @@ def test_widest_matches_a_float64_reference_with_explicit_weights():
     model64 = float64_copy(model)
     ids, fed = random_ids(n, seed=5), random_ids(t, seed=6)
     press = get_press("topk_kvzip_widest", 0.5)
-    kvzip._SCORES.clear()
+    kvzip_scoring.clear_scores()
     cache = press_prefill(model, ids, press)
-    scores = next(iter(kvzip._SCORES.values())).float().clone()  # (L, 1, H_kv, n), the sinks raised as the press does
+    scores = kvzip_scoring.SCORES.stored()[0].float().clone()  # (L, 1, H_kv, n), the sinks raised as the press does
     scores[..., : press.n_sink] = scores.amax() + 1
     keep = allocation_keep(scores, 0.5, "widest")
     assert len({int(k.sum()) for k in keep}) > 1  # layers of different widths

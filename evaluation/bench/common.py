@@ -71,11 +71,35 @@ def machine_info() -> dict:
     }
 
 
+#: Random-weight Llama shapes loaded by name (``--model tiny-random-16k``), with the embedded tokenizer: positions
+#: beyond the embedded model's 8192, for memory at longer contexts (weights seeded, never trained).
+RANDOM_MODELS = {
+    "tiny-random-16k": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=8, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=64, max_position_embeddings=16384),
+}
+
+
 def load(model_name: str | None):
-    """(model, tokenizer) through ``kvpress_prob.load_model`` (None / 'embedded' = SmolLM2-135M)."""
+    """(model, tokenizer) through ``kvpress_prob.load_model`` (None / 'embedded' = SmolLM2-135M), or a seeded
+    random model of ``RANDOM_MODELS`` with the embedded tokenizer (its config names the embedded folder, from
+    which KVzip loads the tokenizer)."""
     from kvpress_prob import load_model
 
-    return load_model(model_name)
+    if model_name not in RANDOM_MODELS:
+        return load_model(model_name)
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from kvpress_prob.models import default_device_dtype, embedded_model_path
+
+    device, dtype = default_device_dtype()
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_path())
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), attn_implementation="sdpa", bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id,
+                         **RANDOM_MODELS[model_name])
+    model = LlamaForCausalLM(config)
+    model.config._name_or_path = str(embedded_model_path())
+    return model.to(device=device, dtype=dtype).eval(), tokenizer
 
 
 def context_ids(tokenizer, length: int, seed: int = 0, device: torch.device | str = "cpu") -> torch.Tensor:

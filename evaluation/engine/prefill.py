@@ -27,7 +27,7 @@ compressed by a prefill under it (``press_prefill``).
 from __future__ import annotations
 
 import dataclasses
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -99,31 +99,6 @@ def _tail_of(press: KVzipSampledPress) -> Callable:
         layer = kwargs["past_key_values"].layers[module.layer_idx]
         return press.tail(module, kwargs["hidden_states"], layer.keys, layer.values, kwargs)
     return compute
-
-
-_TOKENIZERS: dict[str, object] = {}
-
-
-@contextmanager
-def _tokenizer_loaded_once():
-    """kvpress's KVzipPress loads the model's tokenizer each time it is entered; within this context the
-    load is done once per name and the tokenizer reused (KVzip only reads its chat template and encodes)."""
-    from kvpress.presses import kvzip_press
-
-    original = kvzip_press.AutoTokenizer
-
-    class Once:
-        @staticmethod
-        def from_pretrained(name, *args, **kwargs):
-            if name not in _TOKENIZERS:
-                _TOKENIZERS[name] = original.from_pretrained(name, *args, **kwargs)
-            return _TOKENIZERS[name]
-
-    kvzip_press.AutoTokenizer = Once
-    try:
-        yield
-    finally:
-        kvzip_press.AutoTokenizer = original
 
 
 def _scores_key(scorer: ScorerPress) -> tuple:
@@ -346,7 +321,7 @@ class Prefill:
         """``press`` entered as the kvpress pipeline enters it, its prefill replaced by ``cache`` (the shared
         prefill's tensors: what its own prefill would have left) and its tail proposals by ``tails``; on
         exit it scores (reconstruction passes, or their kept scores) and evicts ``cache``."""
-        with _tokenizer_loaded_once(), press(self.model):
+        with press(self.model):
             press._context_ids, press._cache = self.context_ids, cache
             if tails is not None:
                 press._tails.update(tails)

@@ -19,7 +19,8 @@ back by ``parse_name`` and built by ``build``. The kinds of name and their prefi
   rank-calibrated scores (``kvpress_prob.samplers.mixture``; ``a0`` is a pure mixture, ``tblock`` samples it in
   blocks, ``peak<k>`` keeps top-k in heads whose scores are peaked): ``cross_kvzip_block8_a50_mix50_layers``.
 
-kvpress's ``KVzipPress`` is the kvpress-kind name ``kvzip`` (it masks, as AdaKV does, and frees nothing);
+kvpress's ``KVzipPress`` is the kvpress-kind name ``kvzip`` (it masks, as AdaKV does, and frees nothing), built as
+``BoundedKVzipPress`` (its scores at bounded memory, kept per model, its refusals on entry: ``presses.kvzip_scoring``);
 the proposal ``kvzip`` is its reconstruction scores kept by our designs with real eviction
 (``kvpress_prob.presses.kvzip``: ``topk_kvzip_head`` is its equal-memory twin).
 The proposal ``uniform`` is random eviction's: ``prob_uniform_priority_head`` is uniform random
@@ -40,14 +41,15 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Callable
 
-from kvpress import (AdaKVPress, BasePress, ExpectedAttentionPress, KeyDiffPress, KnormPress, KVzipPress,
-                     LagKVPress, SnapKVPress, StreamingLLMPress, TOVAPress)
+from kvpress import (AdaKVPress, BasePress, ExpectedAttentionPress, KeyDiffPress, KnormPress, LagKVPress, SnapKVPress,
+                     StreamingLLMPress, TOVAPress)
 
 from kvpress_prob.proposals.calibrated import CalibratedProposal
 from kvpress_prob.samplers.cross import CrossStratifiedSampler
 from kvpress_prob.proposals.pairs import PairProposal, UniformProposal
 from kvpress_prob.presses.h2o import EagerObservedAttentionPress
 from kvpress_prob.presses.kvzip import KVzipSampledPress
+from kvpress_prob.presses.kvzip_scoring import BoundedKVzipPress
 from kvpress_prob.samplers.mixture import MixtureSampler
 from kvpress_prob.presses.sampling import SamplingPress
 from kvpress_prob.proposals.attention import H2OProposal, MinVarianceProposal, SampledMinVarianceProposal
@@ -85,7 +87,7 @@ PROPOSALS: dict[str, Callable[[], Proposal]] = {
 }
 
 #: kvpress presses named by kind ``kvpress`` that are not scorers (no proposal of that name).
-KVPRESS_OTHER: dict[str, Callable[..., BasePress]] = {"kvzip": KVzipPress}
+KVPRESS_OTHER: dict[str, Callable[..., BasePress]] = {"kvzip": BoundedKVzipPress}
 
 KINDS = ("kvpress", "adakv", "prob", "topk", "adaptive", "hybrid", "cross")
 PREFIXES = {"adakv": "adakv_", "prob": "prob_", "topk": "topk_", "hybrid": "hybrid_", "cross": "cross_"}

@@ -132,7 +132,8 @@ def get_press(name: str, compression_ratio: float, **overrides) -> BasePress:
     An override names a field of the press (``seed=3``, ``temperature=2.0``, ``budget="layer"``),
     of its sampler (``alpha=0.5``) or of its proposal (``chunk_size=256``, ``floor=0.05``); a name
     that more than one of them has is refused, pass a whole ``sampler=`` or ``proposal=`` instead.
-    ``sampler`` may be a name of ``SAMPLERS``; sampler fields then apply to the new sampler.
+    ``sampler`` may be a name of ``SAMPLERS``; sampler fields then apply to the new sampler. An override the
+    press ignores (its ``unused_fields``: ``seed`` on a KVzip top-k press) is refused.
     """
     make = factory(name)
     if not 0.0 <= compression_ratio < 1.0:
@@ -144,11 +145,12 @@ def get_press(name: str, compression_ratio: float, **overrides) -> BasePress:
         if overrides["sampler"] not in SAMPLERS:
             raise ValueError(f"unknown sampler {overrides['sampler']!r}; valid: {', '.join(sorted(SAMPLERS))}")
         overrides["sampler"] = SAMPLERS[overrides["sampler"]]()
+    given = set(overrides)
     if "sampler" in overrides or "proposal" in overrides:
         whole = {key: overrides.pop(key) for key in ("sampler", "proposal") if key in overrides}
         press = replace(press, **whole)
         if not overrides:
-            return press
+            return refuse_unused(name, press, given)
     parts = {"press": press}
     if isinstance(press, SamplingPress):
         parts |= {"sampler": press.sampler, "proposal": press.proposal}
@@ -162,7 +164,15 @@ def get_press(name: str, compression_ratio: float, **overrides) -> BasePress:
             raise ValueError(f"field {key!r} of press {name!r} is ambiguous (a field of {' and '.join(having)})")
         owners[having[0]][key] = value
     inner = {part: replace(parts[part], **owners[part]) for part in ("sampler", "proposal") if owners.get(part)}
-    return replace(press, **owners["press"], **inner)
+    return refuse_unused(name, replace(press, **owners["press"], **inner), given)
+
+
+def refuse_unused(name: str, press: BasePress, given: set[str]) -> BasePress:
+    """``press``, unless it ignores one of the ``given`` override names (its ``unused_fields``, if it has them)."""
+    unused = sorted(given & (press.unused_fields() if hasattr(press, "unused_fields") else set()))
+    if unused:
+        raise ValueError(f"press {name!r} ignores the override(s) {unused}: they would change nothing")
+    return press
 
 
 def is_sampling(name: str, **overrides) -> bool:

@@ -13,40 +13,29 @@ exact blocks plus a sampled rest). With a ``tail`` proposal (pi_min-h), computed
 hooks, and a ``CrossStratifiedSampler``, KVzip's top blocks are the exact set and the rest is sampled
 from the tail proposal with its correction (``cross_kvzip_block8_a<pct>``).
 
-The reconstruction passes cost two to three prefills. Their scores depend on the model and the context
-only, so they are kept for the last ``SCORE_CACHE`` contexts (keyed by the model and the token ids)
-and every ratio and seed of one context reuses them.
+The reconstruction passes cost two to three prefills. ``BoundedKVzipPress`` (``presses.kvzip_scoring``)
+runs them at bounded memory and keeps their scores per model and context, so that every ratio and seed of
+one context reuses them; it refuses eager attention, a batch and a second forward in the ``with`` block.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 from kvpress.utils import compute_n_kept
-from kvpress import KVzipPress
 
 from kvpress_prob.samplers.cross import CrossStratifiedSampler
 from kvpress_prob.proposals.pairs import UniformProposal
 from kvpress_prob.proposals.base import Proposal
+from kvpress_prob.presses.kvzip_scoring import BoundedKVzipPress
 from kvpress_prob.presses.sampling import SamplingPress, language_model
 from kvpress_prob.samplers import Sampler, TopKSampler
 from kvpress_prob.samplers.base import ratio_keeping
 
-SCORE_CACHE = 4
-_SCORES: OrderedDict = OrderedDict()  # (id(model), sha256 of the context ids, n_sink, chunk, plus) -> score_val
-
-
-def _key(press: KVzipPress, model) -> tuple:
-    ids = press._context_ids.detach().to("cpu").numpy().tobytes()
-    return (id(model), hashlib.sha256(ids).hexdigest(), press.n_sink, press.chunk_size, press.kvzip_plus_normalization)
-
-
 @dataclass
-class KVzipSampledPress(KVzipPress):
+class KVzipSampledPress(BoundedKVzipPress):
     """KVzip's reconstruction scores, kept by one of our designs with real eviction (see the module).
 
     Parameters
@@ -98,6 +87,11 @@ class KVzipSampledPress(KVzipPress):
         return SamplingPress(proposal=UniformProposal(), sampler=self.sampler, compression_ratio=ratio,
                              budget="head" if self.layers else self.budget, seed=self.seed, correct=self.correct)
 
+    def unused_fields(self) -> set[str]:
+        """The fields this press ignores, whose overrides ``get_press`` refuses: ``layerwise``, ``budget`` under
+        ``layers`` (every head keeps its layer's count), ``seed`` under a deterministic sampler."""
+        return {"layerwise"} | ({"budget"} if self.layers else set()) | (set() if self.sampler.random else {"seed"})
+
     def layer_counts(self, scores: torch.Tensor) -> list[int]:
         """Per layer, the entries each head keeps under KVzip's allocation (``layers``): the layer's share of
         the global top (1 - r) L H n of ``scores`` (L, b, H, n), divided by H and rounded down (at least 1)."""
@@ -132,22 +126,6 @@ class KVzipSampledPress(KVzipPress):
         self._tails[module.layer_idx] = self.tail(module, kwargs["hidden_states"], layer.keys, layer.values, kwargs)
         return output
 
-    def _perform_kvzip_compression(self, model, tokenizer):
-        key = _key(self, model)
-        if key in _SCORES:
-            _SCORES.move_to_end(key)
-            self.context_length = self._context_ids.shape[1]
-            self.score_val = _SCORES[key].clone()
-            self.compress_post(model)
-            return
-        super()._perform_kvzip_compression(model, tokenizer)
-
-    def remember(self, model) -> None:
-        """Keep this context's scores for later ratios and seeds (the last ``SCORE_CACHE`` contexts)."""
-        _SCORES[_key(self, model)] = self.score_val.clone()
-        while len(_SCORES) > SCORE_CACHE:
-            _SCORES.popitem(last=False)
-
     def pinned_scores(self) -> torch.Tensor:
         """KVzip's scores (L, b, H, n) in float32, the sinks above every other entry (never evicted)."""
         scores = self.score_val.float().clone()
@@ -156,7 +134,7 @@ class KVzipSampledPress(KVzipPress):
 
     @torch.no_grad()
     def compress_post(self, model):
-        """Store the scores for later ratios and seeds, then evict through ``SamplingPress.evict``."""
+        """Keep the scores for later ratios and seeds (``remember``), then evict through ``SamplingPress.evict``."""
         self.remember(model)
         if self.compression_ratio == 0:
             return
@@ -176,4 +154,4 @@ class KVzipSampledPress(KVzipPress):
             self.evictor(ratio_keeping(k, n)).evict(self._cache, {m: pi[m.layer_idx].to(self._cache.layers[m.layer_idx].keys.device)})
 
 
-__all__ = ["KVzipSampledPress", "SCORE_CACHE"]
+__all__ = ["KVzipSampledPress"]

@@ -54,11 +54,15 @@ def top_counts(scores: torch.Tensor, k: int) -> torch.Tensor:
 
 def widest_fit(scores: torch.Tensor, ratio: float) -> tuple[int, torch.Tensor]:
     """(k, widths): the largest global top ``k`` of ``scores`` (L, 1, H, n) whose per-layer width (its largest
-    head count, at least 1) sums to at most the budget int((1 - ratio) L n) slots per head; the (L,) widths."""
+    head count, at least 1) sums to at most the budget L compute_n_kept(n, ratio) slots per head; the (L,) widths.
+    A budget below one entry per layer (ratio >= 1; kvpress's count keeps at least one below) is refused."""
     L, b, H, n = scores.shape
     if b != 1:
         raise ValueError(f"scores must have batch size 1 (kvpress's KVzip scores one context), got {b}")
     budget = L * compute_n_kept(n, ratio)
+    if budget < L:  # kvpress's count keeps at least one entry for any ratio in [0, 1): only ratio >= 1 gets here
+        raise ValueError(f"ratio {ratio} at context length {n} leaves {budget} slots per head for {L} layers, "
+                         f"below one entry per layer: ratio must be in [0, 1)")
 
     def width(k: int) -> torch.Tensor:
         return top_counts(scores, k).amax(dim=1).clamp(min=1)
@@ -135,6 +139,10 @@ class KVzipAllocatedPress(KVzipSampledPress):
             raise ValueError(f"allocation must be one of {ALLOCATIONS}, got {self.allocation!r}")
         super().__post_init__()
         self.kept: list[list[int]] = []
+
+    def unused_fields(self) -> set[str]:
+        """The ``KVzipSampledPress`` fields this press ignores (``get_press`` refuses overrides of them)."""
+        return {"sampler", "budget", "seed", "correct", "floor", "layers", "tail", "layerwise"}
 
     @torch.no_grad()
     def compress_post(self, model):

@@ -26,6 +26,7 @@ from evaluation.engine import Compressed, Prefill, generate_batch, press_prefill
 from evaluation.engine.runner import REFERENCE, Config, run
 from evaluation.store.results import ResultStore
 from evaluation.tasks.ruler.offline import generate_ruler
+from kvpress_prob.presses.kvzip_scoring import BoundedKVzipPress, tokenizer_of
 
 MAX_NEW_TOKENS = 16
 
@@ -80,6 +81,8 @@ def measure(spec: dict) -> dict:
     if case in ("press", "engine"):
         ids = common.context_ids(tokenizer, n, device=model.device)
         press = press_config(name, ratio).build()
+        if isinstance(press, BoundedKVzipPress):
+            tokenizer_of(model)  # a process's one-time load (KVzip's chat template), made before, as the weights are
 
         def block():
             if case == "press":

@@ -1,0 +1,280 @@
+"""kvpress's KVzip scoring at bounded memory, with its scores kept per model and its refusals on entry.
+
+kvpress's ``KVzipPress`` (Kim et al., "KVzip: Query-Agnostic KV Cache Compression with Context
+Reconstruction", 2025) scores each cached entry by the largest attention it receives while the model is
+asked to repeat the context. ``BoundedKVzipPress`` is that press, scores and masking unchanged, with:
+
+- **bounded scoring memory**: each layer's scores are computed over blocks of the reconstruction's query rows,
+  so that no dense attention tensor (the logits, the softmax: H_q x rows x keys, in the model's dtype) exceeds
+  ``ATTENTION_BYTES`` nor one layer's K+V of the context. KVzip's score is a maximum over query rows and the softmax is per row, so the blocks'
+  maxima are the scores of the whole pass. The cache entries that the reconstruction tokens appended are
+  freed at each layer (kvpress's slice keeps their storage alive until the next pass);
+- **a score cache** (``ScoreCache``, module instance ``SCORES``): the scores depend on the model and the context
+  only, so every ratio and seed of one context reuses them. It is keyed by the model object (a weak
+  reference: a model's scores are freed with it, and another model never reads them), then by the sha256 of
+  the context ids, the model's dtype and the scoring fields; its scores sit on the CPU, at most
+  ``SCORE_CACHE_BYTES`` over all models (oldest dropped first). ``clear_scores()`` empties it. Weights changed
+  in place are not detected: clear it after changing a model's weights;
+- **refusals before any pass**: eager attention and a batch of more than one context are refused on entry,
+  and so is a second forward inside the ``with`` block (``model.generate``'s first decoding step): KVzip scores
+  after the block exits, so decoding inside it would run on the full cache (``GENERATE_ERROR``);
+- kvpress's warning of the reconstruction's cost is printed once per process, not at every construction, and
+  the tokenizer kvpress loads at every entry (its chat template; 49 MiB of host memory for the embedded model's)
+  is loaded once per process (``tokenizer_of``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import weakref
+from collections import OrderedDict
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from kvpress import KVzipPress
+from kvpress.presses import kvzip_press
+from kvpress.utils import get_prerope_query_states
+from transformers import AutoTokenizer
+from transformers.models.llama.modeling_llama import rotate_half
+
+from kvpress_prob.presses.sampling import language_model
+
+#: Largest dense attention tensor (logits or softmax, H_q x rows x keys) of one block of KVzip's scoring, in
+#: bytes; a block's tensors are also at most one layer's K+V of the context (2 H_kv n d in the model's dtype),
+#: so the scoring adds at most 2 / L of the full K+V. The reconstruction's query rows are cut into blocks under
+#: both (at least one row per block).
+ATTENTION_BYTES = 64 * 2**20
+#: Most bytes of KVzip scores kept for reuse, over all models (one context's: L x H_kv x n in the model's dtype).
+SCORE_CACHE_BYTES = 256 * 2**20
+
+GENERATE_ERROR = ("a KVzip press scores the context when its `with` block exits, so a second forward inside the "
+                  "block (model.generate's first decoding step) would decode on the full cache: prefill the "
+                  "context under the press, then generate after the block (kvpress's pipeline does), or use a "
+                  "press that compresses inside the prefill")
+
+
+class _WarnOnce(logging.Filter):
+    """Passes kvpress's KVzip cost warning the first time, drops it afterwards."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.getMessage().startswith("KVzipPress requires multiple forward passes"):
+            return True
+        passed, self.seen = not self.seen, True
+        return passed
+
+
+logging.getLogger("kvpress.presses.kvzip_press").addFilter(_WarnOnce())
+
+
+_TOKENIZERS: dict[str, object] = {}
+
+
+def tokenizer_of(model):
+    """The tokenizer kvpress's KVzip loads for ``model`` (``AutoTokenizer`` of its ``name_or_path``), loaded once
+    per process and kept: KVzip only reads its chat template and encodes two fixed prompts."""
+    return _load(model.config.name_or_path)
+
+
+def _load(name: str):
+    if name not in _TOKENIZERS:
+        _TOKENIZERS[name] = AutoTokenizer.from_pretrained(name)
+    return _TOKENIZERS[name]
+
+
+class _Once:
+    """Stands for ``AutoTokenizer`` in kvpress's KVzip module: ``from_pretrained`` loads once per name."""
+
+    @staticmethod
+    def from_pretrained(name, *args, **kwargs):
+        return _load(name)
+
+
+@contextmanager
+def _tokenizer_loaded_once():
+    """Within: kvpress's KVzipPress, which loads the model's tokenizer at every entry, gets ``tokenizer_of``'s."""
+    original, kvzip_press.AutoTokenizer = kvzip_press.AutoTokenizer, _Once
+    try:
+        yield
+    finally:
+        kvzip_press.AutoTokenizer = original
+
+
+class ScoreCache:
+    """KVzip scores per model (weakly referenced) and key, on the CPU, at most ``limit`` bytes in all."""
+
+    def __init__(self, limit: int | None = None):
+        self.limit = limit
+        self._models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> OrderedDict key -> (tick, scores)
+        self._tick = 0
+
+    def bound(self) -> int:
+        return SCORE_CACHE_BYTES if self.limit is None else self.limit
+
+    def nbytes(self) -> int:
+        return sum(s.numel() * s.element_size() for entries in list(self._models.values()) for _, s in entries.values())
+
+    def __len__(self) -> int:
+        return sum(len(entries) for entries in list(self._models.values()))
+
+    def get(self, model, key: tuple) -> torch.Tensor | None:
+        entries = self._models.get(model)
+        if entries is None or key not in entries:
+            return None
+        self._tick += 1
+        entries[key] = (self._tick, entries[key][1])
+        entries.move_to_end(key)
+        return entries[key][1]
+
+    def put(self, model, key: tuple, scores: torch.Tensor) -> None:
+        """Keep a CPU copy of ``scores``, dropping the oldest entries (over all models) above the bound; scores
+        larger than the bound are not kept."""
+        size = scores.numel() * scores.element_size()
+        if size > self.bound():
+            return
+        self._tick += 1
+        self._models.setdefault(model, OrderedDict())[key] = (self._tick, scores.detach().to("cpu", copy=True))
+        while self.nbytes() > self.bound():
+            oldest = min(((tick, entries, k) for entries in list(self._models.values())
+                          for k, (tick, _) in entries.items()), key=lambda item: item[0])
+            del oldest[1][oldest[2]]
+
+    def stored(self, model=None) -> list[torch.Tensor]:
+        """The kept scores of ``model`` (None: of every live model), oldest first."""
+        pools = [self._models.get(model, {})] if model is not None else list(self._models.values())
+        return [s for _, s in sorted((item for entries in pools for item in entries.values()), key=lambda i: i[0])]
+
+    def clear(self) -> None:
+        self._models = weakref.WeakKeyDictionary()
+
+
+SCORES = ScoreCache()
+
+
+def clear_scores() -> None:
+    """Forget every kept KVzip score (they are otherwise freed with their model)."""
+    SCORES.clear()
+
+
+@dataclass
+class BoundedKVzipPress(KVzipPress):
+    """kvpress's ``KVzipPress`` (Kim et al. 2025, arXiv 2505.23416; scores and masking unchanged) at bounded
+    scoring memory, its scores kept per model, with refusals on entry (see the module).
+
+    Parameters
+    ----------
+    compression_ratio, layerwise, n_sink, kvzip_plus_normalization, chunk_size : kvpress ``KVzipPress``'s.
+    """
+
+    def score_key(self, model) -> tuple:
+        """The score cache's key within ``model``: the context ids' sha256, the model's dtype, the scoring fields."""
+        ids = self._context_ids.detach().to("cpu").numpy().tobytes()
+        return (hashlib.sha256(ids).hexdigest(), str(model.dtype), self.n_sink, self.chunk_size,
+                self.kvzip_plus_normalization)
+
+    @contextmanager
+    def __call__(self, model):
+        """kvpress KVzip's context, refusing eager attention on entry, and at the block's first forward a batch
+        of more than one context; a second forward in the block raises ``GENERATE_ERROR``."""
+        implementation = getattr(model.config, "_attn_implementation", None)
+        if implementation == "eager":
+            raise ValueError("attn_implementation 'eager' is not supported by KVzip presses (kvpress's KVzip masks "
+                             "and our evictions decode through the attention interface): load the model with "
+                             "attn_implementation='sdpa' or 'flash_attention_2'")
+        seen = []
+
+        def guard(module, args, kwargs):
+            if seen:
+                raise RuntimeError(GENERATE_ERROR)
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            if ids is not None:
+                check_batch(ids)
+            seen.append(True)
+
+        with _tokenizer_loaded_once(), super().__call__(model):
+            handle = language_model(model).register_forward_pre_hook(guard, with_kwargs=True)
+            try:
+                yield
+            finally:
+                handle.remove()
+
+    def _perform_kvzip_compression(self, model, tokenizer):
+        """Reuse this context's kept scores, else run kvpress's reconstruction passes (batch checked first)."""
+        check_batch(self._context_ids)
+        kept = SCORES.get(model, self.score_key(model))
+        if kept is not None:
+            self.context_length = self._context_ids.shape[1]
+            self.score_val = kept.to(self._cache.layers[0].keys.device, copy=True)
+            self.compress_post(model)
+            return
+        super()._perform_kvzip_compression(model, tokenizer)
+
+    def compress_post(self, model):
+        """Keep the scores for later ratios and seeds, then kvpress's masking."""
+        self.remember(model)
+        super().compress_post(model)
+
+    def remember(self, model) -> None:
+        """Keep this context's scores (``SCORES``) for later ratios and seeds."""
+        SCORES.put(model, self.score_key(model), self.score_val)
+
+    @torch.no_grad()
+    def score_kvzip(self, module, hidden_states, keys, values, attentions, kwargs):
+        """kvpress's ``score_kvzip`` over blocks of query rows (each dense tensor under ``ATTENTION_BYTES`` and one
+        layer's K+V): the
+        largest attention (softmax over the sinks, the chunk and the causal reconstruction tokens) each chunk
+        entry receives from any query head of its group and any row, into ``score_val``. Returns the prefilled
+        keys and values as new tensors (the reconstruction's entries freed)."""
+        b, q_len, _ = hidden_states.shape
+        sink, ctx_len = min(self.n_sink, self.start_idx), self.end_idx - self.start_idx
+        h_kv = module.config.num_key_value_heads
+        groups, d = module.config.num_attention_heads // h_kv, module.head_dim
+        cos, sin = kwargs["position_embeddings"]
+        queries = get_prerope_query_states(module, hidden_states)  # (b, H_q, q, d)
+        queries = (queries * cos.unsqueeze(1)) + (rotate_half(queries) * sin.unsqueeze(1))
+        queries = queries.view(b, h_kv, groups, q_len, d)
+        chosen = [keys[:, :, :sink], keys[:, :, self.start_idx : self.end_idx], keys[:, :, -q_len:]]
+        keys_t = torch.cat(chosen, dim=2).unsqueeze(2).transpose(-2, -1)  # (b, H_kv, 1, d, m)
+        m = keys_t.shape[-1]  # sink + ctx_len + q_len
+        if self.kvzip_plus_normalization:
+            h_norm = hidden_states.norm(dim=-1)  # (b, q)
+            kept_values = torch.cat([values[:, :, :sink], values[:, :, self.start_idx : self.end_idx],
+                                     values[:, :, -q_len:]], dim=2)
+            wov_norm = self._compute_value_output_norm(module, kept_values)  # (b, H_kv, G, m)
+        layer_kv = 2 * keys.shape[1] * self.context_length * d * keys.element_size()  # one layer's K+V, bytes
+        rows = max(1, min(ATTENTION_BYTES, layer_kv) // (b * h_kv * groups * m * queries.element_size()))
+        scores = None
+        for start in range(0, q_len, rows):
+            stop = min(q_len, start + rows)
+            logits = torch.matmul(queries[..., start:stop, :], keys_t).div_(math.sqrt(d))  # (b, H_kv, G, rows, m)
+            # query row i (of q_len) sees the reconstruction tokens j <= i (the last q_len keys)
+            future = torch.arange(q_len, device=logits.device)[None, :] > torch.arange(start, stop, device=logits.device)[:, None]
+            logits[..., -q_len:].masked_fill_(future, torch.finfo(logits.dtype).min)
+            weights = torch.softmax(logits, dim=-1)
+            del logits
+            if self.kvzip_plus_normalization:
+                weights.mul_((1 / h_norm[:, None, None, start:stop, None]).to(weights.dtype))
+                weights.mul_(wov_norm[:, :, :, None, :].to(weights.dtype))
+            block = weights[..., sink : sink + ctx_len].amax(dim=(-3, -2))  # (b, H_kv, ctx_len): max over group, rows
+            scores = block if scores is None else torch.maximum(scores, block)
+            del weights
+        self.score_val[int(module.layer_idx)][..., self.start_idx : self.end_idx] = scores
+        n = self.context_length
+        return keys[:, :, :n].clone(), values[:, :, :n].clone()
+
+
+def check_batch(ids: torch.Tensor) -> None:
+    """Refuse a batch of more than one context (KVzip scores one context)."""
+    if ids.dim() != 2 or ids.shape[0] != 1:
+        raise ValueError(f"KVzip presses score one context: input_ids must have batch size 1, got shape "
+                         f"{tuple(ids.shape)}")
+
+
+__all__ = ["ATTENTION_BYTES", "BoundedKVzipPress", "GENERATE_ERROR", "SCORES", "SCORE_CACHE_BYTES", "ScoreCache",
+           "check_batch", "clear_scores", "tokenizer_of"]
