@@ -23,6 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--presses", nargs="+", default=None, help="default: every press of the records")
     p.add_argument("--ratios", nargs="+", type=float, default=None, help="default: every ratio of the records")
     p.add_argument("--dtypes", nargs="+", choices=DTYPES, default=["float32", "bfloat16"])
+    p.add_argument("--max-examples", type=int, default=None,
+                   help="only the first N examples (by example id) of the records: a partial measurement, counted")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -60,6 +62,8 @@ def main(args: argparse.Namespace) -> int:
     if args.ratios:
         records = records[records["compression_ratio"].round(6).isin([round(r, 6) for r in args.ratios])]
     units = records[["example_id", "press", "compression_ratio", "seed"]].drop_duplicates()
+    if args.max_examples is not None:
+        units = units[units["example_id"].isin(sorted(units["example_id"].unique())[: args.max_examples])]
     model, tokenizer = common.load(args.model)
     found = contexts(source, model, tokenizer, set(units["example_id"]))  # every folder's examples: the same ones
     written = 0
