@@ -129,3 +129,28 @@ def test_the_bench_command_on_a_tiny_model(tmp_path, tokenizer, monkeypatch):
     raw = pd.read_json(tmp_path / "out" / "price-raw.jsonl", lines=True)
     assert len(raw) == 6 and set(raw["round"]) == {0, 1}
     assert "decode route" in (tmp_path / "out" / "price.md").read_text()
+
+
+def test_the_maximin_table_shows_the_price_columns(record, tmp_path):
+    """The maximin command on hand-made records of three presses, with the fake price record: the priced
+    presses' cells, a dash and the note's name for the one it lacks."""
+    from evaluation.report.maximin_table import main as maximin_table
+    from tests.test_maximin import _records
+
+    values = {"snapkv": (40, 0.02, 0.04), "topk_kvzip_widest": (50, 0.01, 0.02), "tova": (30, 0.03, 0.05)}
+    dirs = {}
+    for i, (regime, column) in enumerate([("ruler", "score"), ("prose", "kl"), ("recall", "kl")]):
+        dirs[regime] = tmp_path / regime
+        dirs[regime].mkdir()
+        _records({(p, r): v[i] for p, v in values.items() for r in (0.5, 0.75)}, column).to_json(
+            dirs[regime] / "results.jsonl", orient="records", lines=True)
+    out = maximin_table(["dev", *[a for r, d in dirs.items() for a in (f"--{r}", str(d))],
+                         "--price", str(record), "--out", str(tmp_path / "t.md")])
+    lines = out.read_text().splitlines()
+    header = next(line for line in lines if line.startswith("| press"))
+    assert all(name in header for name in [*price.COLUMNS.values(), "decode route"])
+    widest = next(line for line in lines if line.startswith("| topk_kvzip_widest"))
+    assert "4.40 [4.25, 4.50]" in widest and "corrected sdpa" in widest
+    assert next(line for line in lines if line.startswith("| tova")).count(price.MISSING) == 4
+    assert any(line.startswith("Price columns") and "`tova`" in line for line in lines)
+    assert "prefill time / snapkv" not in out.with_suffix(".csv").read_text()  # the rule's CSV is unchanged

@@ -129,6 +129,15 @@ def main(argv=None) -> dict:
             began = time.time()
             ids = torch.randint(10, model.config.vocab_size - 10, (1, n), generator=torch.Generator().manual_seed(n)).to(device)
             kv = 2 * cfg.num_hidden_layers * hkv * n * d * 2
+            # RECOMMENDED's price first: the budget skips what comes later, never the recommendation
+            if n <= PRICE_LONGEST.get(name, n) and budget.fits(f"{name} n={n} price of {RECOMMENDED}", 0):
+                meta = {"model": name, "device": report["device"], "dtype": str(model.dtype),
+                        "threads": torch.get_num_threads(), "n": n, "ratio": args.ratio, "decode_steps": args.decode_steps,
+                        "command": "kvprob gpu-check " + shlex.join(argv), "loadavg": None}
+                raw = price.run(model, ids, ["snapkv", RECOMMENDED], args.ratio, PRICE_ROUNDS.get(n, 2),
+                                args.decode_steps, 2, log=lambda line: print(f"[gpu-check] {name} n={n} {line}", flush=True))
+                rows["price"] += price.summarise(raw, meta | {"elapsed_s": time.time() - began}).assign(
+                    kv_full_bytes=kv).to_dict(orient="records")
             caches, snapkv_peak = {}, None
             for label in args.presses:
                 if n > MAX_LENGTH.get(label, n) or not budget.fits(f"{name} n={n} prefill {label}", 0):
@@ -163,14 +172,6 @@ def main(argv=None) -> dict:
                     rows["compilations"][name] = checks.compilations(
                         model, checks_copy_with_bias(variants["prob_snapkv corrected, fused"][0]), n, args.decode_steps)
             del variants, caches, full
-            if n <= PRICE_LONGEST.get(name, n) and budget.fits(f"{name} n={n} price of {RECOMMENDED}", 0):
-                meta = {"model": name, "device": report["device"], "dtype": str(model.dtype),
-                        "threads": torch.get_num_threads(), "n": n, "ratio": args.ratio, "decode_steps": args.decode_steps,
-                        "command": "kvprob gpu-check " + shlex.join(argv), "loadavg": None}
-                raw = price.run(model, ids, ["snapkv", RECOMMENDED], args.ratio, PRICE_ROUNDS.get(n, 2),
-                                args.decode_steps, 2, log=lambda line: print(f"[gpu-check] {name} n={n} {line}", flush=True))
-                rows["price"] += price.summarise(raw, meta | {"elapsed_s": time.time() - began}).assign(
-                    kv_full_bytes=kv).to_dict(orient="records")
             last = (n, time.time() - began)
         del model
         if device == "cuda":
