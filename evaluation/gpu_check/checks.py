@@ -154,7 +154,8 @@ def compilations(model, cache, n: int, steps: int) -> dict:
     bias) on the fused route: ``torch._dynamo.reset()`` first (the compiled kernel is built afresh, not found
     in a cache), then dynamo's counters: ``graphs`` compiled, ``frames`` converted, and the route each step
     ran (the spy). One compiled kernel serves every step where ``graphs`` == 1 (CUDA: the key length grows
-    every step, ``dynamic=True``); on a CPU the route runs eagerly and nothing is compiled (0)."""
+    every step, ``dynamic=True``). On a CPU the route is not compiled (``compiled`` False), yet eager
+    FlexAttention traces its own graph at each call, which the counters see (one per step, measured)."""
     import torch._dynamo
     from torch._dynamo.utils import counters
 
