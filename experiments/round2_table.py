@@ -1,6 +1,7 @@
 """The three-regime table of round 2's enlarged test split: per press and ratio, RULER's mean score, prose KL
 over h2o's, recall token accuracy, on the examples every listed press ran (seeds averaged first), with the maximin
-table's worst q. The record folders are those of the ``k``-th maximin command (from 0) of a maximin script.
+table's worst q and each press's price over snapkv's (``evaluation.report.price``: prefill time, prefill peak,
+decode step, decode route; "—" without a price record). The record folders are those of the ``k``-th maximin command (from 0) of a maximin script.
 
     python -m experiments.round2_table [SCRIPT CSV [K]]   # prints a markdown table and the example counts
     (default: results/rule/run-test-maximin-round2.sh results/rule/test-maximin-round2.csv 0)
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from evaluation.report import price
 from evaluation.report.maximin import complete
 from evaluation.report.maximin_table import frame
 
@@ -51,12 +53,16 @@ def main():
     prose, n_p = means(dirs(script, k, "prose"), "kl", presses + ["h2o"])
     recall, n_c = means(dirs(script, k, "recall"), "acc", presses)
     prose = prose / prose.loc["h2o"]
+    record = price.maybe_load()
+    costs = price.columns(presses, record, spread=False)
     print(f"RULER {n_r} examples, prose {n_p} windows, recall {n_c} windows\n")
-    print("| press | RULER | prose KL / h2o's | recall accuracy % | worst q | candidate |\n|---|---|---|---|---|---|")
+    print("| press | RULER | prose KL / h2o's | recall accuracy % | worst q | candidate | "
+          + " | ".join(costs.columns) + " |\n|---|---|---|---|---|---|" + "---|" * len(costs.columns))
     for p in presses:
         cell = lambda t, f: " / ".join(f.format(t.loc[p, r]) if p in t.index else "–" for r in RATIOS)
         print(f"| `{p}` | {cell(ruler, '{:.1f}')} | {cell(prose, '{:.2f}')} | {cell(recall, '{:.1f}')} | "
-              f"{q.loc[p, 'worst']:.3f} | {q.loc[p, 'candidate']} |")
+              f"{q.loc[p, 'worst']:.3f} | {q.loc[p, 'candidate']} | " + " | ".join(costs.loc[p]) + " |")
+    print("\n" + price.note(record, presses))
 
 
 if __name__ == "__main__":

@@ -178,3 +178,17 @@ def test_a_float32_bias_decodes_in_bfloat16_on_cuda(mode):
         assert torch.isfinite(logits).all()
     finally:
         flex.set_mode("auto")
+
+
+def test_the_fused_route_compiles_once_over_a_generation():
+    """A biased cache (prob_snapkv's) decoded 8 steps on the fused route: every step runs FlexAttention, and
+    one compiled graph serves them all, the key length growing every step (``dynamic=True``)."""
+    from evaluation.engine import press_prefill
+    from evaluation.gpu_check.checks import compilations
+    from kvpress_prob import get_press
+
+    model = tiny_model("llama", dtype=torch.bfloat16).to("cuda")
+    cache = press_prefill(model, random_ids(96).cuda(), get_press("prob_snapkv", 0.5))
+    counted = compilations(model, cache, 96, steps=8)
+    assert counted["routes"] == ["flex"] and counted["compiled"], counted
+    assert counted["graphs"] == 1, counted

@@ -1,5 +1,5 @@
-"""``kvprob gpu-check --dry-run`` runs end to end on the CPU with shrunk models (issue 27 item 5), and
-the shipped configs are the paper's models' shapes."""
+"""``kvprob gpu-check --dry-run`` runs end to end on the CPU with shrunk models, RECOMMENDED's price and the
+fused route's compilation count included, and the shipped configs are the paper's models' shapes."""
 
 import json
 
@@ -7,6 +7,8 @@ import pytest
 
 from evaluation.cli import main as kvprob
 from evaluation.gpu_check import models
+from evaluation.report import price
+from kvpress_prob.names.registry import RECOMMENDED
 
 
 def test_dry_run_end_to_end(tmp_path):
@@ -25,8 +27,19 @@ def test_dry_run_end_to_end(tmp_path):
         # computes its scores with matmuls, the SDPA routes call scaled_dot_product_attention
         assert any("scaled_dot_product" in k for k in steps["kernels"][f"{model}: full, sdpa"])
         assert not any("scaled_dot_product" in k for k in steps["kernels"][f"{model}: prob_snapkv corrected, fused"])
+        routes = {r["variant"]: r["route"] for r in steps["decode"] if r["model"] == model}
+        assert routes["snapkv, plain sdpa"] == "sdpa" and routes["prob_snapkv corrected, fused"] == "flex"
+        assert routes["prob_snapkv corrected, sdpa mask"] == "corrected sdpa"
+        # on a CPU the fused route is not compiled by us (eager FlexAttention traces its own graph each call)
+        counted = steps["compilations"][model]
+        assert counted["routes"] == ["flex"] and not counted["compiled"] and counted["steps"] == 2
+        assert isinstance(counted["graphs"], int) and isinstance(counted["frames"], int)
+        record = price.load(tmp_path / "cpu-dry-run" / "price.jsonl", model=model)
+        assert list(record.index) == ["snapkv", RECOMMENDED] and (record.n == 96).all() and (record.rounds == 2).all()
+        assert record.loc["snapkv", "prefill_over_snapkv"] == 1.0 and record.loc[RECOMMENDED, "decode_route"]
     text = (tmp_path / "cpu-dry-run" / "gpu-check.md").read_text()
     assert "DRY RUN" in text and "## Accuracy against float64" in text and "## Kernels" in text
+    assert f"## Price of RECOMMENDED = `{RECOMMENDED}`" in text and "## Compilations" in text
 
 
 @pytest.mark.parametrize("name,shape", [("llama-3.2-3b", (28, 3072, 24, 8, 128, 8192, 128256)),

@@ -1,9 +1,10 @@
-"""CLI: ``python -m evaluation.bench {speed,memory,budget,oracle,fidelity,bytes,shared-prefill,decode-speed} [--quick] ...``.
+"""CLI: ``python -m evaluation.bench {speed,memory,budget,oracle,fidelity,bytes,shared-prefill,decode-speed,price} [--quick] ...``.
 
 Every bench package takes ``--quick``, ``--out`` (the output root; a bench writes into its own
 folder below it) and ``--model``, and its own options (``python -m evaluation.bench <name> --help``).
 ``decode-speed`` (``evaluation/bench/speed/decoding.py``: throughput and cache bytes of compression while
-decoding) parses its own options.
+decoding) and ``price`` (``evaluation/bench/speed/price.py``: each press's prefill time, prefill peak and decode
+step over snapkv's, the tables' price columns) parse their own options.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ COMMANDS = {
 }
 QUICK_INTO_SUBFOLDER = {"fidelity", "shared-prefill"}  # their --quick output goes to <out>/<folder>/quick
 # CLI name -> module with its own ``main(argv)`` and parser (``python -m evaluation.bench <name> --help``)
-OWN_PARSERS = {"decode-speed": "evaluation.bench.speed.decoding"}
+OWN_PARSERS = {"decode-speed": "evaluation.bench.speed.decoding", "price": "evaluation.bench.speed.price"}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,7 +5,10 @@
   CUDA) against float64 within ``precision.TF32_TOLERANCE``;
 - ``kernels``: which kernels (CUDA) or operators (CPU) a callable runs, from the profiler;
 - ``prefill``: one timed prefill under a press, its peak memory above the start;
-- ``decode``: decode steps of several variants in lockstep, median step time of each.
+- ``decode``: decode steps of several variants in lockstep, median step time of each, and the attention
+  function that decoded it (``evaluation.bench.speed.route``'s spy, on its first warm-up step);
+- ``compilations``: how many times the fused route is compiled over one greedy generation on a biased
+  cache (dynamo's counters, from a reset): one compiled kernel serves every step on CUDA, none on a CPU.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch
 from transformers import DynamicCache
 
 from evaluation.bench import common
+from evaluation.bench.speed.route import route
 from kvpress_prob.correction import attention
 from kvpress_prob.correction import bias as correction
 from kvpress_prob.correction import flex as fused
@@ -115,8 +119,12 @@ def plain_copy(cache) -> DynamicCache:
 @torch.no_grad()
 def decode(model, variants: dict, n: int, steps: int, warmup: int = 2) -> dict:
     """Decode ``variants`` (name -> (cache, attn_implementation, fused mode)) in lockstep, one token
-    per step at position n + i; returns name -> {median_step_ms, steps}."""
+    per step at position n + i; returns name -> {median_step_ms, steps, route}: ``route``, the attention
+    function that ran the first (untimed) step, seen by the spy (``warmup`` >= 1)."""
+    if warmup < 1:
+        raise ValueError(f"warmup must be >= 1 (the route spy runs on the first step), got {warmup}")
     times = {name: [] for name in variants}
+    routes = {}
     token = torch.tensor([[5]], device=model.device)
     previous = model.config._attn_implementation
     try:
@@ -124,11 +132,46 @@ def decode(model, variants: dict, n: int, steps: int, warmup: int = 2) -> dict:
             for name, (cache, implementation, mode) in variants.items():
                 model.set_attn_implementation(implementation)
                 fused.set_mode(mode)
+                position = torch.tensor([[n + i]], device=model.device)
+                step = lambda: model(input_ids=token, past_key_values=cache, position_ids=position)  # noqa: E731
+                if i == 0:
+                    routes[name] = route(model, step)
+                    continue
                 with common.Stopwatch(model.device) as watch:
-                    model(input_ids=token, past_key_values=cache, position_ids=torch.tensor([[n + i]], device=model.device))
+                    step()
                 if i >= warmup:
                     times[name].append(watch.wall)
     finally:
         fused.set_mode("auto")
         model.set_attn_implementation(previous)
-    return {name: {"median_step_ms": 1e3 * statistics.median(t), "steps": len(t)} for name, t in times.items()}
+    return {name: {"median_step_ms": 1e3 * statistics.median(t), "steps": len(t), "route": routes[name]}
+            for name, t in times.items()}
+
+
+@torch.no_grad()
+def compilations(model, cache, n: int, steps: int) -> dict:
+    """Compilations over one greedy generation of ``steps`` tokens from ``cache`` (a cache with a correction
+    bias) on the fused route: ``torch._dynamo.reset()`` first (the compiled kernel is built afresh, not found
+    in a cache), then dynamo's counters: ``graphs`` compiled, ``frames`` converted, and the route each step
+    ran (the spy). One compiled kernel serves every step where ``graphs`` == 1 (CUDA: the key length grows
+    every step, ``dynamic=True``). On a CPU the route is not compiled (``compiled`` False), yet eager
+    FlexAttention traces its own graph at each call, which the counters see (one per step, measured)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    token = torch.tensor([[5]], device=model.device)
+    routes = []
+    fused.set_mode("fused")
+    try:
+        for i in range(steps):
+            position = torch.tensor([[n + i]], device=model.device)
+            out = {}
+            routes.append(route(model, lambda: out.update(logits=model(
+                input_ids=token, past_key_values=cache, position_ids=position).logits)))
+            token = out["logits"][:, -1:].argmax(-1)
+    finally:
+        fused.set_mode("auto")
+    return {"steps": steps, "graphs": int(counters["stats"]["unique_graphs"]), "frames": int(counters["frames"]["ok"]),
+            "routes": sorted(set(routes)), "compiled": torch.device(model.device).type == "cuda"}

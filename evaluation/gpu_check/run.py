@@ -9,12 +9,19 @@ would not fit is skipped and listed as such):
    corrected attention fused and through SDPA);
 3. per model and length: the prefill time and peak of each press family against snapkv's;
 4. per model and length: the decode step time, corrected (fused) against plain decoding of the same
-   kept set, against the corrected SDPA route, and against FA2 / SDPA on the full cache;
-5. ``tests/test_cuda.py`` (pytest, in a child process), last, with what is left of the budget.
+   kept set, against the corrected SDPA route, and against FA2 / SDPA on the full cache, each with the
+   attention function that decoded it (a spy: ``evaluation.bench.speed.route``);
+5. per model and length, ``RECOMMENDED``'s price against snapkv's (``evaluation.bench.speed.price``, the
+   CPU bench's measurement: prefill time, prefill peak, decode step at the kept length, decode route,
+   KVzip's scores fresh at every prefill; 2 rounds, 1 at 128k), at 4k and 32k on both models and at 128k
+   on Llama-3.2-3B (``PRICE_LONGEST``), written as a price record;
+6. per model, the compilations of the fused route over one generation on a biased cache (prob_snapkv's):
+   one compiled kernel for every step;
+7. ``tests/test_cuda.py`` (pytest, in a child process), last, with what is left of the budget.
 
-Writes ``<out>/<device>/gpu-check.json`` and ``gpu-check.md`` (default out: results/gpu). ``--dry-run``
-runs every step on the CPU with shrunk models and lengths 128 / 256 in a few seconds (the test
-suite runs it), pytest excluded.
+Writes ``<out>/<device>/gpu-check.json``, ``gpu-check.md`` and ``price.jsonl`` (the price record,
+``evaluation.report.price``; default out: results/gpu). ``--dry-run`` runs every step on the CPU with shrunk
+models and lengths 128 / 256 in a few seconds (the test suite runs it), pytest excluded.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -32,6 +40,9 @@ import torch
 PRESSES = ["snapkv", "prob_snapkv", "prob_min_h_s256", "prob_min_h", "h2o", "knorm", "prob_knorm", "streaming_llm"]
 #: longest length each press is prefilled at (the O(n^2) proposals are estimated minutes at 128k)
 MAX_LENGTH = {"prob_min_h": 32768, "h2o": 32768}
+#: the longest length RECOMMENDED's price is measured at, per model (128k on one model only: the time budget)
+PRICE_LONGEST = {"qwen3-4b": 32768}
+PRICE_ROUNDS = {131072: 1}  # rounds of the price at a length (default 2)
 TARGETS = {"decode corrected (fused) / plain, same kept set": 1.10, "prefill peak - snapkv's, in K+V": 0.10}
 
 
@@ -84,10 +95,13 @@ def run_pytest(budget: Budget) -> dict:
 
 
 def main(argv=None) -> dict:
+    from evaluation.bench.speed import price
     from evaluation.gpu_check import checks, models
     from kvpress_prob.correction import attention
     from kvpress_prob.correction import flex as fused
+    from kvpress_prob.names.registry import RECOMMENDED
 
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser().parse_args(argv)
     device = "cpu" if args.dry_run else "cuda"
     if not args.dry_run and not torch.cuda.is_available():
@@ -101,6 +115,8 @@ def main(argv=None) -> dict:
     out = Path(args.out) / report["device"]
     rows = report["steps"]
     rows["accuracy"], rows["kernels"], rows["prefill"], rows["decode"] = {}, {}, [], []
+    rows["price"], rows["compilations"] = [], {}
+    report["recommended"] = RECOMMENDED
     for name in args.models:
         cfg = models.config(name, args.dry_run)
         hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -113,6 +129,15 @@ def main(argv=None) -> dict:
             began = time.time()
             ids = torch.randint(10, model.config.vocab_size - 10, (1, n), generator=torch.Generator().manual_seed(n)).to(device)
             kv = 2 * cfg.num_hidden_layers * hkv * n * d * 2
+            # RECOMMENDED's price first: the budget skips what comes later, never the recommendation
+            if n <= PRICE_LONGEST.get(name, n) and budget.fits(f"{name} n={n} price of {RECOMMENDED}", 0):
+                meta = {"model": name, "device": report["device"], "dtype": str(model.dtype),
+                        "threads": torch.get_num_threads(), "n": n, "ratio": args.ratio, "decode_steps": args.decode_steps,
+                        "command": "kvprob gpu-check " + shlex.join(argv), "loadavg": None}
+                raw = price.run(model, ids, ["snapkv", RECOMMENDED], args.ratio, PRICE_ROUNDS.get(n, 2),
+                                args.decode_steps, 2, log=lambda line: print(f"[gpu-check] {name} n={n} {line}", flush=True))
+                rows["price"] += price.summarise(raw, meta | {"elapsed_s": time.time() - began}).assign(
+                    kv_full_bytes=kv).to_dict(orient="records")
             caches, snapkv_peak = {}, None
             for label in args.presses:
                 if n > MAX_LENGTH.get(label, n) or not budget.fits(f"{name} n={n} prefill {label}", 0):
@@ -143,6 +168,9 @@ def main(argv=None) -> dict:
             if n == lengths[0] and "prob_snapkv corrected, fused" in variants:
                 for v, (cache, implementation, mode) in variants.items():
                     rows["kernels"][f"{name}: {v}"] = kernel_names(checks, model, cache, implementation, mode, n, device)
+                if budget.fits(f"{name} compilations", 0):
+                    rows["compilations"][name] = checks.compilations(
+                        model, checks_copy_with_bias(variants["prob_snapkv corrected, fused"][0]), n, args.decode_steps)
             del variants, caches, full
             last = (n, time.time() - began)
         del model
@@ -156,7 +184,8 @@ def main(argv=None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu-check.json").write_text(json.dumps(report, indent=1, default=str))
     (out / "gpu-check.md").write_text(markdown(report))
-    print(f"[gpu-check] wrote {out}/gpu-check.json and gpu-check.md in {report['elapsed_s']:.0f} s")
+    (out / "price.jsonl").write_text("".join(json.dumps(row, default=str) + "\n" for row in rows["price"]))
+    print(f"[gpu-check] wrote {out}/gpu-check.json, gpu-check.md and price.jsonl in {report['elapsed_s']:.0f} s")
     attention.install()
     fused.set_mode("auto")
     return report

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from evaluation.report import price
 from evaluation.report.maximin import intervals, maximin, picks
 from evaluation.report.tables import markdown_table
 from kvpress_prob.names.registry import is_sampling
@@ -70,6 +71,9 @@ def main(argv: list[str] | None = None) -> Path:
                    help="bytes records (python -m evaluation.bench bytes: <dataset>-<dtype>.jsonl files): the bytes "
                         "held in each regime they cover, every dtype (else the records' own kv_bytes and bias_bytes)")
     p.add_argument("--out", default=None, help="output file (default: results/rule/<split>-maximin.md)")
+    p.add_argument("--price", default=str(price.RECORD.relative_to(price.ROOT)),
+                   help="price record (python -m evaluation.bench price; default %(default)s, read from the "
+                        "repository root); the price columns are '—' where it is missing")
     args = p.parse_args(argv)
     frames = {r: frame(getattr(args, r)) for r in ("ruler", "prose", "recall")}
     if args.only:
@@ -82,6 +86,9 @@ def main(argv: list[str] | None = None) -> Path:
     table["samples"] = [is_sampling(press) for press in table.index]
     examples = {r: f.loc[f["press"] != "full", "example_id"].nunique() for r, f in frames.items()}
     shown = table.drop(columns=[c for c in table.columns if c.count("_") == 2 and c.startswith("q_")])
+    record_path = price.ROOT / args.price
+    record = price.maybe_load(record_path)
+    shown = shown.join(price.columns(shown.index, record))
     lines = [f"# The maximin rule of docs/recommendation-rule.md, {args.split} split", "",
              "Command: `python -m evaluation.report.maximin_table " + " ".join(argv) + "`", "",
              f"Examples (before keeping those every press ran): RULER {examples['ruler']}, prose {examples['prose']} "
@@ -95,7 +102,8 @@ def main(argv: list[str] | None = None) -> Path:
                f"{table.loc[v, 'q_ruler']:.3f}, prose {table.loc[v, 'q_prose']:.3f}, recall {table.loc[v, 'q_recall']:.3f}"
                for k, v in chosen.items()], "",
              f"First by worst among all candidates (any origin): `{table[table.candidate].index[0]}`.", "",
-             markdown_table(shown, float_format="{:.3f}"), "", *interval_tables(frames, table, args.ratios)]
+             markdown_table(shown, float_format="{:.3f}"), "", price.note(record, shown.index, record_path), "",
+             *interval_tables(frames, table, args.ratios)]
     out = Path(args.out) if args.out else Path("results/rule") / f"{args.split}-maximin.md"
     out.write_text("\n".join(lines))
     table.to_csv(out.with_suffix(".csv"))

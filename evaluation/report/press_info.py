@@ -158,4 +158,18 @@ def press_detail(name: str) -> list[str]:
         lines.append(f"  status:  {entry.status}: {entry.finding} ({entry.docs})")
     else:
         lines.append("  status:  not registered (a valid grid name, never measured)")
-    return lines
+    return lines + [f"  price:   {price_line(name)}"]
+
+
+def price_line(name: str, path=None) -> str:
+    """The press's price over snapkv's from the price record (``evaluation.report.price``), or why there is none."""
+    from evaluation.report import price
+
+    path = price.RECORD if path is None else path
+    record = price.maybe_load(path)
+    if record is None or name not in record.index:
+        return f"{price.MISSING} (no price record for {name}: python -m evaluation.bench price --presses {name})"
+    row = record.loc[name]
+    return (f"over snapkv's, median [range] of {row['rounds']} rounds on {row['device']} at n = {row['n']}, "
+            f"r = {row['ratio']:g}: prefill time {price.cell(row, 'prefill')}, prefill peak {price.cell(row, 'peak')}, "
+            f"decode step {price.cell(row, 'decode')} (decoded by {row['decode_route']}); {row['command']}")

@@ -1,0 +1,73 @@
+"""Which attention function a forward runs, layer by layer, seen by a spy (nothing hard-coded).
+
+``routes(model, forward)`` runs ``forward()`` with three spies in place and returns, per attention call,
+what computed it:
+
+- the function registered as the model's attention implementation (``ALL_ATTENTION_FUNCTIONS[impl]``),
+  entered by every layer, named by ``impl`` ("sdpa", "flash_attention_2", ...): the model's own kernel;
+- ``kvpress_prob.correction.attention.corrected_sdpa``: "corrected sdpa" (a dense float mask holding the bias);
+- ``kvpress_prob.correction.flex.flex_corrected``: "flex" (FlexAttention, the bias in a ``score_mod``;
+  compiled on CUDA, eager on a CPU).
+
+A layer whose module carries kvpress's ``masked_key_indices`` (AdaKV, KVzip's masks) is named
+"<impl> + kvpress masks": the model's own function on a cache whose masked keys kvpress replaces by fake
+keys at every step. ``route(model, forward)`` is the summary: the distinct names, in order of first use.
+"""
+
+from __future__ import annotations
+
+import functools
+from contextlib import contextmanager
+
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from kvpress_prob.correction import attention, flex
+
+
+@contextmanager
+def _spies(implementation: str, ran: list[str]):
+    inside: list[str] = []  # the route of the attention call now running (innermost last)
+
+    def spy(name, func):
+        @functools.wraps(func)
+        def run(*args, **kwargs):
+            if inside:
+                inside[-1] = name
+            else:  # called by a wrapper around the registered function, outside it
+                ran.append(name)
+            return func(*args, **kwargs)
+        return run
+
+    registered = ALL_ATTENTION_FUNCTIONS[implementation]
+
+    @functools.wraps(registered)  # keeps the correction's mark: the spy is not wrapped again
+    def own(module, *args, **kwargs):
+        masked = getattr(module, "masked_key_indices", None) is not None
+        inside.append(f"{implementation} + kvpress masks" if masked else implementation)
+        try:
+            return registered(module, *args, **kwargs)
+        finally:
+            ran.append(inside.pop())
+
+    corrected_sdpa, flex_corrected = attention.corrected_sdpa, flex.flex_corrected
+    attention.corrected_sdpa = spy("corrected sdpa", corrected_sdpa)
+    flex.flex_corrected = spy("flex", flex_corrected)
+    ALL_ATTENTION_FUNCTIONS[implementation] = own
+    try:
+        yield
+    finally:
+        ALL_ATTENTION_FUNCTIONS[implementation] = registered
+        attention.corrected_sdpa, flex.flex_corrected = corrected_sdpa, flex_corrected
+
+
+def routes(model, forward) -> list[str]:
+    """One name per attention call of ``forward()`` (see the module), in call order."""
+    ran: list[str] = []
+    with _spies(model.config._attn_implementation, ran):
+        forward()
+    return ran
+
+
+def route(model, forward) -> str:
+    """The distinct names of ``routes(model, forward)`` in order of first use, joined by " / "."""
+    return " / ".join(dict.fromkeys(routes(model, forward)))

@@ -1,0 +1,156 @@
+"""The price columns: the record's loader and the tables' columns on a small fake record, the bench's
+per-round ratios, the decode-route spy, and the bench command end to end on a tiny model (seconds)."""
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+from kvpress.presses.kvzip_press import KVzipPress
+
+from evaluation.bench.speed import price as bench
+from evaluation.bench.speed.route import route, routes
+from evaluation.engine import press_prefill
+from evaluation.report import price
+from evaluation.report.press_info import price_line
+from kvpress_prob.correction import flex
+from kvpress_prob.names.registry import get_press
+from tests.conftest import random_ids, tiny_model
+
+
+def _row(press, m, lo, hi, route_name="sdpa", **extra):
+    figures = {f"{s}_over_snapkv{end}": v for s in ("prefill", "peak", "decode") for end, v in
+               (("", m), ("_lo", lo), ("_hi", hi))}
+    return {"press": press, "device": "cpu", "n": 4096, "ratio": 0.5, "rounds": 3, "decode_route": route_name,
+            "command": "python -m evaluation.bench price", **figures, **extra}
+
+
+@pytest.fixture
+def record(tmp_path):
+    path = tmp_path / "price.jsonl"
+    rows = [_row("snapkv", 1.0, 1.0, 1.0), _row("topk_kvzip_widest", 4.4, 4.25, 4.5, "corrected sdpa")]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_columns_show_the_record_and_a_dash_where_it_has_none(record):
+    loaded = price.load(record)
+    cols = price.columns(["topk_kvzip_widest", "h2o", "snapkv"], loaded)
+    assert list(cols.index) == ["topk_kvzip_widest", "h2o", "snapkv"]
+    assert list(cols.columns) == [*price.COLUMNS.values(), "decode route"]
+    assert cols.loc["topk_kvzip_widest", "prefill time / snapkv"] == "4.40 [4.25, 4.50]"
+    assert cols.loc["topk_kvzip_widest", "decode route"] == "corrected sdpa"
+    assert (cols.loc["h2o"] == price.MISSING).all()
+    assert price.columns(["snapkv"], loaded, spread=False).loc["snapkv", "decode step / snapkv"] == "1.00"
+    assert (price.columns(["snapkv"], None) == price.MISSING).all().all()
+    text = price.note(loaded, cols.index, record)
+    assert "`h2o`" in text and "`snapkv`" not in text and "3 rounds" in text and "n = 4096" in text
+
+
+def test_the_loader_refuses_a_record_it_cannot_read_unambiguously(record, tmp_path):
+    rows = [json.loads(line) for line in record.read_text().splitlines()]
+    twice = tmp_path / "twice.jsonl"
+    twice.write_text("".join(json.dumps(r | {"n": n}) + "\n" for n in (4096, 32768) for r in rows))
+    with pytest.raises(ValueError, match="more than once"):
+        price.load(twice)
+    assert price.load(twice, n=32768).loc["topk_kvzip_widest", "n"] == 32768
+    partial = tmp_path / "partial.jsonl"
+    partial.write_text(json.dumps({k: v for k, v in rows[0].items() if k != "decode_route"}) + "\n")
+    with pytest.raises(ValueError, match="decode_route"):
+        price.load(partial)
+    assert price.maybe_load(tmp_path / "none.jsonl") is None
+
+
+def test_kvprob_presses_shows_the_price_or_says_there_is_none(record):
+    line = price_line("topk_kvzip_widest", record)
+    assert "prefill time 4.40 [4.25, 4.50]" in line and "corrected sdpa" in line and "3 rounds" in line
+    assert price_line("h2o", record).startswith(price.MISSING)
+
+
+def test_ratios_are_taken_within_each_round():
+    """Per-round ratios 2, 1, 3 (median 2) where the ratio of the medians would be 1."""
+    raw = pd.DataFrame({
+        "press": ["snapkv"] * 3 + ["x"] * 3, "round": [0, 1, 2] * 2,
+        "prefill_s": [1.0, 2.0, 4.0, 2.0, 2.0, 12.0], "peak_bytes": [10, 10, 10, 5, 10, 20],
+        "decode_ms": [1.0, 1.0, 1.0, 1.0, 1.0, 1.0], "kept_length": [32] * 6, "kv_bytes": [100] * 6,
+        "bias_bytes": [0] * 6, "decode_route": ["sdpa", None, None] * 2, "peak_method": ["m"] * 6})
+    record = bench.summarise(raw, {"n": 64}).set_index("press")
+    x = record.loc["x"]
+    assert (x.prefill_over_snapkv, x.prefill_over_snapkv_lo, x.prefill_over_snapkv_hi) == (2.0, 1.0, 3.0)
+    assert (x.peak_over_snapkv, x.peak_over_snapkv_lo, x.peak_over_snapkv_hi) == (1.0, 0.5, 2.0)
+    assert record.loc["snapkv", "decode_over_snapkv"] == 1.0 and x.decode_route == "sdpa" and x.n == 64
+
+
+def _step(model, cache, n):
+    return lambda: model(input_ids=torch.tensor([[5]]), past_key_values=cache, position_ids=torch.tensor([[n]]))
+
+
+@torch.no_grad()
+def test_the_spy_names_the_function_that_decodes():
+    model, n = tiny_model("llama"), 96
+    ids = random_ids(n, seed=2)
+    plain = press_prefill(model, ids, get_press("snapkv", 0.5))
+    assert routes(model, _step(model, plain, n)) == ["sdpa"] * 3  # one per layer
+    biased = press_prefill(model, ids, get_press("prob_snapkv", 0.5))
+    assert route(model, _step(model, biased, n)) == "corrected sdpa"
+    flex.set_mode("fused")
+    try:
+        assert route(model, _step(model, biased, n + 1)) == "flex"
+    finally:
+        flex.set_mode("auto")
+    assert route(model, _step(model, plain, n + 1)) == "sdpa"  # the spies are gone: nothing left behind
+
+
+def test_the_bench_command_on_a_tiny_model(tmp_path, tokenizer, monkeypatch):
+    """Three presses, two rounds, on a saved tiny model: one row per press, snapkv's ratios 1, each median
+    within its range, and KVzip's reconstruction pass paid in every round (fresh scores)."""
+    folder = tmp_path / "tiny"
+    tiny_model("llama").save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    replays = []
+    original = KVzipPress._perform_kvzip_compression
+    monkeypatch.setattr(KVzipPress, "_perform_kvzip_compression",
+                        lambda self, *a: (replays.append(1), original(self, *a))[1])
+    from evaluation.bench.__main__ import main
+
+    main(["price", "--model", str(folder), "--length", "96", "--repeats", "2", "--decode-steps", "2",
+          "--warmup-steps", "1", "--presses", "topk_kvzip_widest", "prob_snapkv", "--out", str(tmp_path / "out")])
+    assert len(replays) == 2
+    record = price.load(tmp_path / "out" / "price.jsonl")
+    assert list(record.index) == ["snapkv", "topk_kvzip_widest", "prob_snapkv"]
+    assert (record.rounds == 2).all() and (record.n == 96).all()
+    for figure in price.COLUMNS:
+        assert (record.loc["snapkv", [f"{figure}_over_snapkv{e}" for e in ("", "_lo", "_hi")]] == 1.0).all()
+        assert (record[f"{figure}_over_snapkv_lo"] <= record[f"{figure}_over_snapkv"]).all()
+        assert (record[f"{figure}_over_snapkv"] <= record[f"{figure}_over_snapkv_hi"]).all()
+    assert record.loc["snapkv", "decode_route"] == "sdpa"
+    assert record.loc["prob_snapkv", "decode_route"] == "corrected sdpa"
+    assert record.loc["snapkv", "kept_length"] == 48
+    raw = pd.read_json(tmp_path / "out" / "price-raw.jsonl", lines=True)
+    assert len(raw) == 6 and set(raw["round"]) == {0, 1}
+    assert "decode route" in (tmp_path / "out" / "price.md").read_text()
+
+
+def test_the_maximin_table_shows_the_price_columns(record, tmp_path):
+    """The maximin command on hand-made records of three presses, with the fake price record: the priced
+    presses' cells, a dash and the note's name for the one it lacks."""
+    from evaluation.report.maximin_table import main as maximin_table
+    from tests.test_maximin import _records
+
+    values = {"snapkv": (40, 0.02, 0.04), "topk_kvzip_widest": (50, 0.01, 0.02), "tova": (30, 0.03, 0.05)}
+    dirs = {}
+    for i, (regime, column) in enumerate([("ruler", "score"), ("prose", "kl"), ("recall", "kl")]):
+        dirs[regime] = tmp_path / regime
+        dirs[regime].mkdir()
+        _records({(p, r): v[i] for p, v in values.items() for r in (0.5, 0.75)}, column).to_json(
+            dirs[regime] / "results.jsonl", orient="records", lines=True)
+    out = maximin_table(["dev", *[a for r, d in dirs.items() for a in (f"--{r}", str(d))],
+                         "--price", str(record), "--out", str(tmp_path / "t.md")])
+    lines = out.read_text().splitlines()
+    header = next(line for line in lines if line.startswith("| press"))
+    assert all(name in header for name in [*price.COLUMNS.values(), "decode route"])
+    widest = next(line for line in lines if line.startswith("| topk_kvzip_widest"))
+    assert "4.40 [4.25, 4.50]" in widest and "corrected sdpa" in widest
+    assert next(line for line in lines if line.startswith("| tova")).count(price.MISSING) == 4
+    assert any(line.startswith("Price columns") and "`tova`" in line for line in lines)
+    assert "prefill time / snapkv" not in out.with_suffix(".csv").read_text()  # the rule's CSV is unchanged
