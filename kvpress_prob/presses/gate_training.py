@@ -183,7 +183,7 @@ def train_gates(model, inputs: list[torch.Tensor], labels: list[tuple[torch.Tens
             for group in optimiser.param_groups:
                 group["lr"] = settings.lr * _lr_factor(step, settings.steps)
             optimiser.step()
-            losses.append(float(loss))
+            losses.append(loss.detach().item())
             if log_every and (step % log_every == 0 or step == settings.steps - 1):
                 logger.info("gate step %d/%d: loss %.4f (%.0f s)", step, settings.steps, losses[-1],
                             time.perf_counter() - start)
