@@ -282,6 +282,12 @@ def cmd_prose(args):
     return prose.cmd_report(args)
 
 
+def cmd_train_gate(args) -> dict:
+    from evaluation.tasks.prose.gate import cmd_train_gate as train_gate
+
+    return train_gate(args, _load)
+
+
 def cmd_bench(args, rest) -> None:
     from evaluation.bench.__main__ import main as bench_main
 
@@ -362,6 +368,9 @@ def parser() -> argparse.ArgumentParser:
     from evaluation.tasks.recall.cli import add_parser as add_recall
 
     add_prose(sub, add, ratio_type, positive_int, model_option)
+    from evaluation.tasks.prose.gate import add_parser as add_train_gate
+
+    add_train_gate(add, positive_int, model_option)
     add_recall(sub, add, ratio_type, positive_int, model_option)
 
     from evaluation.tasks.streaming.cli import add_parsers
@@ -392,7 +401,7 @@ def main(argv: list[str] | None = None) -> None:
                "generate": cmd_generate, "run": cmd_run, "merge": cmd_merge, "report": cmd_report,
                "reproduce": cmd_reproduce, "demo": cmd_demo, "presses": cmd_presses,
                "compare": cmd_compare, "prose": cmd_prose,
-               "recall": cmd_recall}[args.command]
+               "recall": cmd_recall, "train-gate": cmd_train_gate}[args.command]
     try:
         command(args)
     except (FileNotFoundError, manifest.ManifestMismatch) as error:  # missing assets and paths, mixed settings

@@ -21,6 +21,7 @@ from evaluation.engine import Compressed, Prefill, bias_bytes, cache_summary, ge
 from evaluation.metrics.answers import score_example
 from evaluation.store.results import ResultStore, record_key, shard
 from kvpress_prob.names.registry import get_press, is_sampling
+from kvpress_prob.presses.gate import GatePress
 
 REFERENCE = "full"
 
@@ -51,7 +52,12 @@ class Config:
         if self.press == REFERENCE:
             return None
         overrides = dict(self.overrides) | ({"seed": self.seed} if self.samples else {})
-        return get_press(self.press, self.compression_ratio, **overrides)
+        press = get_press(self.press, self.compression_ratio, **overrides)
+        if isinstance(press, GatePress) and press.gates is None and press.corpus is None:
+            from evaluation.tasks.prose.gate import training_corpus
+
+            press.corpus = training_corpus  # no cached gate: trained on first use on the dev essays
+        return press
 
 
 def configurations(presses: list[str], ratios: list[float], seeds: list[int]) -> list[Config]:
