@@ -42,13 +42,9 @@ REFERENCE_PRESS = "snapkv"  # every ratio is over this press's, in the same roun
 
 def forget_kvzip_scores() -> None:
     """Empty KVzip's score cache: the next KVzip prefill pays its reconstruction pass (a fresh context)."""
-    from kvpress_prob.presses import kvzip
+    from kvpress_prob.presses.kvzip_scoring import clear_scores
 
-    clear = getattr(kvzip, "clear_scores", None)
-    if clear is not None:
-        clear()
-    else:
-        kvzip._SCORES.clear()
+    clear_scores()
 
 
 def held_bytes(model, cache) -> tuple[int, int]:
