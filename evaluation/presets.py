@@ -10,25 +10,27 @@ from kvpress_prob.names.registry import RECOMMENDED, RECOMMENDED_PROSE, RECOMMEN
 PAPER_METHODS = ["streaming_llm", "snapkv", "tova", "h2o", "knorm", "prob_min", "prob_min_h", "prob_h2o", "prob_h2o_h"]
 PAPER_RATIOS = [0.1, 0.25, 0.5, 0.75, 0.9]
 
-# make demo = the cpu-quick preset: these presses at these ratios, one example per offline RULER task:
+# make demo = the cpu-quick preset: these presses at these ratios, one example of each of DEMO_TASKS (the RULER
+# tasks where the full cache finds something and the presses differ):
 # the press recommended for retrieval next to the best top-k presses of RULER's development split
 # (kvpress's KeyDiff, and top-k over blocks of KeyDiff's scores, the recommended press's deterministic twin).
 DEMO_PRESSES = ["keydiff", "topk_keydiff_block8", RECOMMENDED_RETRIEVAL, RECOMMENDED]
 DEMO_RATIOS = [0.5, 0.75]
+DEMO_TASKS = ["niah_single_3", "niah_multivalue", "niah_multiquery", "fwe"]
 
 PRESETS = {
     "paper-ruler": dict(dataset="ruler", context_length=4096, n_examples=130, presses=PAPER_METHODS,
                         ratios=PAPER_RATIOS, seeds=[0, 1, 2]),
     "paper-longbench": dict(dataset="longbench", context_length=3000, n_examples=None, presses=PAPER_METHODS,
                             ratios=PAPER_RATIOS, seeds=[0, 1, 2]),
-    "cpu-quick": dict(dataset="ruler", context_length=1024, n_examples=11, presses=DEMO_PRESSES,
-                      ratios=DEMO_RATIOS, seeds=[0, 1, 2]),
+    "cpu-quick": dict(dataset="ruler", context_length=1024, n_examples=len(DEMO_TASKS), tasks=DEMO_TASKS,
+                      presses=DEMO_PRESSES, ratios=DEMO_RATIOS, seeds=[0, 1, 2]),
 }
 
-# make demo's prose part (``kvprob prose run``): the first window of 2 development essays, prefill n = 1024,
+# make demo's prose part (``kvprob prose run``): the first window of one development essay, prefill n = 1024,
 # the next 256 tokens teacher-forced; the best kvpress top-k press of the prose development split (h2o) next to
 # the three recommendations (RECOMMENDED by maximin over three regimes, and the retrieval and prose picks).
-PROSE_DEMO = dict(split="dev", context=1024, max_windows=2, max_per_essay=1,
+PROSE_DEMO = dict(split="dev", context=1024, max_windows=1, max_per_essay=1,
                   presses=["h2o", RECOMMENDED_RETRIEVAL, RECOMMENDED_PROSE, RECOMMENDED], ratios=[0.5, 0.75],
                   seeds=[0, 1, 2])
 

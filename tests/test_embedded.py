@@ -23,10 +23,10 @@ def test_embedded_model_finds_a_short_needle(pipe):
     prefix = "The special magic number for quiet-river mentioned in the provided text is"
     full = pipe(context, question=question, answer_prefix=prefix, max_new_tokens=12)["answer"]
     assert "4825163" in full
-    # the head-adaptive kvpress baseline and a probabilistic press on the real model: at r = 0.25 both lose
-    # digits of this needle (' 482.'), so their answers are checked against the greedy decoding written out
+    # a probabilistic press on the real model: at r = 0.25 it loses digits of this needle (' 482.'), so its
+    # answer is checked against the greedy decoding written out (AdaKV: the shared-prefill test below)
     inputs = pipe.preprocess(context, [question], prefix, 10**9)
-    for name in ("adakv_snapkv", "prob_min_h"):
+    for name in ("prob_min_h",):
         answer = pipe(context, question=question, answer_prefix=prefix, press=get_press(name, 0.25), max_new_tokens=12)
         assert answer["answer"] == explicit_answer(pipe.model, pipe.tokenizer, get_press(name, 0.25), inputs, 12), name
         assert answer["answer"].strip().startswith("48")  # the needle's first digits survive
@@ -48,7 +48,7 @@ def test_shared_prefill_equals_the_pipeline_on_the_embedded_model(pipe):
     shared = Prefill(pipe.model, inputs["context_ids"])
     n = inputs["context_ids"].shape[1]
     references, items = [], []
-    for name in ("snapkv", "h2o", "adakv_snapkv", "prob_snapkv", "prob_min_h", "topk_min_h"):
+    for name in ("snapkv", "adakv_snapkv", "prob_min_h"):  # kvpress top-k, masked (AdaKV), sampled and corrected
         cfg = Config(name, 0.5, 0)
         ours = pipe.generate_answer(inputs["questions_ids"][0], shared.compress(cfg.build()), n, 10)
         reference = pipe(context, question=question, answer_prefix=prefix, press=cfg.build(), max_new_tokens=10)

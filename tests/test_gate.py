@@ -94,7 +94,7 @@ def test_widest_kept_set_and_kvpress_count_under_generate(dtype):
 
 
 def test_trainer_is_deterministic_cached_and_says_so(tmp_path, monkeypatch, caplog):
-    monkeypatch.setenv("KVPROB_CACHE", str(tmp_path))
+    monkeypatch.setattr(gt, "cache_dir", lambda: tmp_path)  # the gates' cache only: the embedded tokenizer stays converted
     model = tiny_model("llama", layers=2)
     contexts = [random_ids(48, seed=s) for s in (1, 2)]
     settings = gt.TrainSettings(steps=12, batch_size=32)
@@ -138,7 +138,7 @@ def test_kept_recall_counts_the_intersection():
 
 
 def test_refusals_and_the_name(tmp_path, monkeypatch):
-    monkeypatch.setenv("KVPROB_CACHE", str(tmp_path))
+    monkeypatch.setattr(gt, "cache_dir", lambda: tmp_path)  # the gates' cache only: the embedded tokenizer stays converted
     model = tiny_model("llama")
     assert isinstance(get_press("topk_gate_widest", 0.75), GatePress)
     with pytest.raises(ValueError, match="compression_ratio"):

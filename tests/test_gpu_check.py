@@ -13,13 +13,13 @@ from kvpress_prob.names.registry import RECOMMENDED
 
 def test_dry_run_end_to_end(tmp_path):
     kvprob(["gpu-check", "--dry-run", "--out", str(tmp_path), "--lengths", "96", "--decode-steps", "2",
-            "--presses", "snapkv", "prob_snapkv", "prob_min_h_s256", "h2o"])
+            "--presses", "snapkv", "prob_snapkv"])
     report = json.loads((tmp_path / "cpu-dry-run" / "gpu-check.json").read_text())
     steps = report["steps"]
     assert report["dry_run"] and not report["skipped"]
     for model in ("llama-3.2-3b", "qwen3-4b"):
         assert all(check["ok"] for check in steps["accuracy"][model].values()), steps["accuracy"][model]
-        assert {r["press"] for r in steps["prefill"] if r["model"] == model} == {"snapkv", "prob_snapkv", "prob_min_h_s256", "h2o"}
+        assert {r["press"] for r in steps["prefill"] if r["model"] == model} == {"snapkv", "prob_snapkv"}
         variants = {r["variant"] for r in steps["decode"] if r["model"] == model}
         assert {"full, sdpa", "prob_snapkv corrected, fused", "prob_snapkv corrected, sdpa mask",
                 "prob_snapkv same kept set, plain sdpa", "snapkv, plain sdpa"} <= variants
