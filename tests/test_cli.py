@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from evaluation import cli
-from evaluation.presets import DEMO_PRESSES, PRESETS
+from evaluation.presets import DEMO_PRESSES, DEMO_TASKS, PRESETS
 from evaluation.report.press_info import describe
 from evaluation.store.assets import INSTALL, MissingAssetError, install_command, package_dir
 from evaluation.tasks.ruler import niah
@@ -150,6 +150,16 @@ def test_demo_runs_cpu_quick_afresh_and_compares(monkeypatch, tmp_path):
     assert PRESETS["cpu-quick"]["presses"] is DEMO_PRESSES
     cli.main(["demo", "--out", str(tmp_path / "demo"), "--reference", str(tmp_path / "none")])
     assert seen["reference"] is None  # a missing reference is reported, not fatal
+
+
+def test_reproduce_passes_the_presets_tasks(monkeypatch, tmp_path):
+    seen = {}
+    monkeypatch.setattr(cli, "cmd_run", lambda args, load: seen.update(vars(args)))
+    monkeypatch.setattr(cli, "cmd_report", lambda args: None)
+    cli.main(["reproduce", "--preset", "cpu-quick", "--out", str(tmp_path)])
+    assert seen["tasks"] == DEMO_TASKS and seen["n_examples"] == len(DEMO_TASKS)
+    cli.main(["reproduce", "--preset", "paper-ruler", "--out", str(tmp_path)])
+    assert seen["tasks"] is None  # every task
 
 
 def test_comparison_puts_two_runs_side_by_side(tmp_path):
