@@ -90,7 +90,7 @@ def honesty(model, model64, context_ids: torch.Tensor, fed_ids: torch.Tensor, ra
     from evaluation.tasks.prose.measure import masks_as_bias
     from kvpress_prob.correction import bias as correction
     from kvpress_prob.presses import kvzip_scoring
-    from kvpress_prob.presses.kvzip_alloc import allocation_keep
+    from kvpress_prob.presses.allocations import allocation_keep
     from kvpress_prob.presses.sampling import language_model
     from kvpress_prob.names.registry import get_press
 
@@ -136,7 +136,7 @@ def kept_sets(scores: torch.Tensor, ratio: float) -> dict[str, torch.Tensor]:
     """The (L, 1, H, n) kept set of each allocation of KVzip's scores: kvpress's (ragged), ours over layers
     (``topk_kvzip_layers``), kvpress's count per head (``topk_kvzip_head``), and the two equal-memory ones."""
     from kvpress_prob.presses.kvzip import KVzipSampledPress
-    from kvpress_prob.presses.kvzip_alloc import allocation_keep
+    from kvpress_prob.presses.allocations import allocation_keep
 
     L, _, H, n = scores.shape
     out = {a: allocation_keep(scores, ratio, a) for a in ("ragged", "widest", "ragged_fit")}
@@ -169,7 +169,7 @@ def find(haystack: list[int], needle: list[int]) -> list[int]:
 
 def allocation(scores: torch.Tensor, ratio: float) -> dict:
     """Counts per (layer, head) of KVzip's global top (sinks raised) and of each equal-memory allocation."""
-    from kvpress_prob.presses.kvzip_alloc import allocation_keep, widest_fit
+    from kvpress_prob.presses.allocations import allocation_keep, widest_fit
 
     L, _, H, n = scores.shape
     rag = allocation_keep(scores, ratio, "ragged")[:, 0].sum(-1)  # (L, H)

@@ -4,7 +4,7 @@ count times the heads of a layer or of the cache, at the ratios where float roun
 import pytest
 import torch
 
-from kvpress_prob.presses.kvzip_alloc import widest_fit
+from kvpress_prob.presses.allocations import widest_fit
 from kvpress_prob.samplers import TopKSampler
 from kvpress_prob.samplers.base import whole_counts
 from kvpress_prob.samplers.cross import CrossStratifiedSampler

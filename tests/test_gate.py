@@ -13,7 +13,7 @@ from transformers import DynamicCache
 from kvpress_prob.names.registry import get_press
 from kvpress_prob.presses import gate_training as gt
 from kvpress_prob.presses.gate import GatePress
-from kvpress_prob.presses.kvzip_alloc import allocation_keep
+from kvpress_prob.presses.allocations import allocation_keep
 from kvpress_prob.presses.sampling import language_model
 from tests.conftest import random_ids, tiny_model
 

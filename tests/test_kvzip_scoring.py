@@ -178,7 +178,7 @@ def test_the_shared_prefill_refuses_a_batch_before_scoring(monkeypatch):
 
 
 def test_widest_fit_refuses_a_budget_below_one_entry_per_layer():
-    from kvpress_prob.presses.kvzip_alloc import widest_fit
+    from kvpress_prob.presses.allocations import widest_fit
 
     scores = torch.rand(3, 1, 2, 8, generator=torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match=r"ratio 1\.0 at context length 8 .* below one entry per layer"):

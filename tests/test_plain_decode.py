@@ -14,7 +14,7 @@ from experiments.zip_gap import dense_reference, float64_copy
 from kvpress_prob.correction import attention, bias as correction, flex
 from kvpress_prob.names.registry import get_press
 from kvpress_prob.presses import kvzip_scoring
-from kvpress_prob.presses.kvzip_alloc import allocation_keep, evict_keep
+from kvpress_prob.presses.allocations import allocation_keep, evict_keep
 from kvpress_prob.presses.sampling import language_model
 from tests.conftest import random_ids, tiny_model
 

@@ -121,6 +121,8 @@ OPTIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "nowiden": (r"nowiden", "SpanSampler widen=0: kept spans not widened by a token", ("prob", "topk")),
     "layers": (r"layers", "KVzip's allocation over layers, the same count in each head of a layer (kvzip only)",
                ("prob", "topk", "hybrid", "cross")),
+    "widest": (r"widest", "the widest allocation (topk_kvzip_widest's widths per layer), sampled within (kvzip only)",
+               ("cross",)),
     "head": (r"head", "budget='head' (one budget per head)", ("prob", "topk", "hybrid")),
     "global": (r"global", "budget='global' (one budget for the model)", ("prob", "topk", "hybrid")),
     "nocorr": (r"nocorr", "correct=False: the same kept set, no SNIS correction", ("prob", "topk", "hybrid", "cross")),
@@ -279,6 +281,8 @@ def check(parts: Parts, name: str | None = None) -> None:
     if parts.proposal in ("uniform", "kvzip") and set(keys) & {"c", "shared", "w", "s", "rank", "ent", "sum", "seg",
                                                                "tau", "coord", "ht", "strata", "floor"}:
         _refuse(name, f"the {parts.proposal} proposal takes no proposal, draw or summary option")
+    if "widest" in keys and (parts.proposal != "kvzip" or "layers" in keys):
+        _refuse(name, "widest is KVzip's widest allocation: the kvzip proposal, without layers")
     if "layers" in keys and (parts.proposal != "kvzip" or {"head", "global"} & set(keys)):
         _refuse(name, "layers is KVzip's allocation over layers: the kvzip proposal, without a budget option")
     if parts.proposal == "kvzip" and parts.unit.startswith("span"):
@@ -360,7 +364,8 @@ def build(parts: Parts, compression_ratio: float) -> BasePress:
         sampler = _cross_sampler(parts)
     if parts.kind == "cross" and parts.proposal == "kvzip":
         press = KVzipSampledPress(compression_ratio=r, sampler=sampler, budget="head", correct=not _value(parts, "nocorr"),
-                                  tail=MinVarianceProposal(harmonic=True), layers=bool(_value(parts, "layers")))
+                                  tail=MinVarianceProposal(harmonic=True), layers=bool(_value(parts, "layers")),
+                                  widest=bool(_value(parts, "widest")))
     elif parts.kind == "cross":
         exact = ScoreProposal(scorer=SCORERS[parts.proposal]())
         press = SamplingPress(proposal=PairProposal(exact=exact), sampler=sampler, compression_ratio=r,

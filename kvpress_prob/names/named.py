@@ -20,7 +20,8 @@ from kvpress import KeyDiffPress, TOVAPress
 
 from kvpress_prob.proposals.calibrated import CalibratedProposal
 from kvpress_prob.presses.gate import GatePress
-from kvpress_prob.presses.kvzip_alloc import ALLOCATIONS, KVzipAllocatedPress
+from kvpress_prob.presses.allocations import ALLOCATIONS
+from kvpress_prob.presses.kvzip_alloc import KVzipAllocatedPress
 from kvpress_prob.presses.sampling import SamplingPress
 from kvpress_prob.proposals.attention import MinVarianceProposal
 from kvpress_prob.proposals.base import ScoreProposal

@@ -22,7 +22,7 @@ from torch import nn
 
 from kvpress_prob.correction import attention
 from kvpress_prob.presses.gate_training import cached_gates, gates_from_state_dicts
-from kvpress_prob.presses.kvzip_alloc import allocation_keep, evict_keep
+from kvpress_prob.presses.allocations import allocation_keep, evict_keep
 from kvpress_prob.presses.sampling import hooked_layers, language_model
 from kvpress_prob.samplers.base import check_ratio
 

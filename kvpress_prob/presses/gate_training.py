@@ -38,7 +38,7 @@ from transformers import AutoTokenizer, DynamicCache
 
 from kvpress_prob.models import cache_dir
 from kvpress_prob.presses.kvzip import KVzipSampledPress
-from kvpress_prob.presses.kvzip_alloc import allocation_keep
+from kvpress_prob.presses.allocations import allocation_keep
 from kvpress_prob.presses.sampling import language_model
 
 logger = logging.getLogger(__name__)

@@ -29,6 +29,7 @@ from kvpress.utils import compute_n_kept
 from kvpress_prob.samplers.cross import CrossStratifiedSampler
 from kvpress_prob.proposals.pairs import UniformProposal
 from kvpress_prob.proposals.base import Proposal
+from kvpress_prob.presses.allocations import widest_fit
 from kvpress_prob.presses.kvzip_scoring import BoundedKVzipPress
 from kvpress_prob.presses.sampling import SamplingPress, language_model
 from kvpress_prob.samplers import Sampler, TopKSampler
@@ -57,6 +58,12 @@ class KVzipSampledPress(BoundedKVzipPress):
         (1 - r) L H n entries of KVzip's scores divided by its H heads (rounded down), so the layers
         differ and the heads of a layer do not (no padding; at most kvpress's bytes). False: the
         ``budget`` scope over the draw.
+    widest : bool, default False
+        The widest allocation (``topk_kvzip_widest``'s): each layer gets the width ``widest_fit`` gives it, the
+        largest count of any of its heads in the largest global top of KVzip's scores whose widths fit
+        L compute_n_kept(n, r) slots per head, and every head of the layer keeps that many (no padding, at
+        most kvpress's bytes). The ``sampler`` then chooses which, within the layer's width. Not with
+        ``layers``.
     tail : Proposal or None, default None
         A second proposal computed from the prefill (``MinVarianceProposal(harmonic=True)``): pi is then
         (b, H, 2, n), KVzip's row first, for a ``CrossStratifiedSampler`` (required with it).
@@ -71,12 +78,15 @@ class KVzipSampledPress(BoundedKVzipPress):
     floor: float = 0.01
     layers: bool = False
     tail: Proposal | None = None
+    widest: bool = False
 
     def __post_init__(self):
         if not 0.0 <= self.floor < 1.0:
             raise ValueError(f"floor must be in [0, 1), got {self.floor}")
         if (self.tail is not None) != isinstance(self.sampler, CrossStratifiedSampler):
             raise ValueError("tail (a Proposal) and a CrossStratifiedSampler sampler go together")
+        if self.layers and self.widest:
+            raise ValueError("layers and widest are two allocations over layers: set one")
         self._tails: dict[int, torch.Tensor] = {}
         self.evictor()  # checks the ratio, budget and sampler now
         super().__post_init__()
@@ -85,12 +95,13 @@ class KVzipSampledPress(BoundedKVzipPress):
         """The SamplingPress that evicts (its proposal is unused: pi comes from KVzip's scores)."""
         ratio = self.compression_ratio if compression_ratio is None else compression_ratio
         return SamplingPress(proposal=UniformProposal(), sampler=self.sampler, compression_ratio=ratio,
-                             budget="head" if self.layers else self.budget, seed=self.seed, correct=self.correct)
+                             budget="head" if self.layers or self.widest else self.budget, seed=self.seed,
+                             correct=self.correct)
 
     def unused_fields(self) -> set[str]:
         """The fields this press ignores, whose overrides ``get_press`` refuses: ``layerwise``, ``budget`` under
-        ``layers`` (every head keeps its layer's count), ``seed`` under a deterministic sampler."""
-        return {"layerwise"} | ({"budget"} if self.layers else set()) | (set() if self.sampler.random else {"seed"})
+        ``layers`` or ``widest`` (every head keeps its layer's count), ``seed`` under a deterministic sampler."""
+        return {"layerwise"} | ({"budget"} if self.layers or self.widest else set()) | (set() if self.sampler.random else {"seed"})
 
     def layer_counts(self, scores: torch.Tensor) -> list[int]:
         """Per layer, the entries each head keeps under KVzip's allocation (``layers``): the layer's share of
@@ -145,12 +156,13 @@ class KVzipSampledPress(BoundedKVzipPress):
         modules = [layer.self_attn for layer in language_model(model).layers]
         if self.tail is not None:  # (L, b, H, 2, n): KVzip's row chooses the exact set
             pi = torch.stack([pi, torch.stack([self._tails[m.layer_idx].to(pi.device).float() for m in modules])], dim=3)
-        if not self.layers:
+        if not (self.layers or self.widest):
             self.evictor().evict(self._cache, {m: pi[m.layer_idx].to(self._cache.layers[m.layer_idx].keys.device)
                                                 for m in modules})
             return
         n = scores.shape[-1]
-        for m, k in zip(modules, self.layer_counts(scores)):
+        counts = widest_fit(scores, self.compression_ratio)[1].tolist() if self.widest else self.layer_counts(scores)
+        for m, k in zip(modules, counts):
             self.evictor(ratio_keeping(k, n)).evict(self._cache, {m: pi[m.layer_idx].to(self._cache.layers[m.layer_idx].keys.device)})
 
 
