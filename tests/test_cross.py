@@ -10,7 +10,7 @@ from kvpress import KVzipPress
 
 from evaluation.engine import Prefill, cache_summary, press_prefill
 from evaluation.engine import bias_bytes
-from kvpress_prob.samplers.cross import CrossStratifiedSampler
+from kvpress_prob.samplers.cross import CrossStratifiedSampler, CrossTopSampler
 from kvpress_prob.proposals.pairs import PairProposal, UniformProposal
 from kvpress_prob.names.grid import parse_name, press_name
 from kvpress_prob.names.registry import get_press, is_sampling
@@ -55,6 +55,23 @@ def test_the_draw_against_a_slow_float64_reference(r, alpha, size):
         for j in kept:
             assert draw.log_weight[0, 0, h, j].item() == pytest.approx(weights[j], abs=1e-6)
         assert torch.isinf(draw.log_weight[0, 0, h][~draw.keep[0, 0, h]]).all()
+
+
+@pytest.mark.parametrize("r,alpha,size", [(0.5, 0.5, 4), (0.9, 0.75, 1), (0.3, 1.0, 4), (0.5, 0.0, 8)])
+def test_the_top_rest_against_a_slow_float64_reference(r, alpha, size):
+    """CrossTopSampler: the same exact blocks, then the largest of row 1 outside them, all with log-weight 0."""
+    pi = _pi(seed=4)
+    draw = CrossTopSampler(alpha=alpha, size=size)(pi, r, "head", torch.Generator().manual_seed(3))
+    for h in range(pi.shape[2]):
+        exact, sample = pi[0, 0, h, 0].tolist(), pi[0, 0, h, 1].tolist()
+        n, k = len(exact), max(1, int(len(exact) * (1 - r)))
+        blocks = sorted(((sum(exact[b:b + size]), b) for b in range(0, n, size)), key=lambda x: -x[0])
+        top = {j for _, b in blocks[: int(alpha * k) // size] for j in range(b, min(b + size, n))}
+        rest = sorted((j for j in range(n) if j not in top), key=lambda j: -sample[j])[: k - len(top)]
+        got = set(draw.keep[0, 0, h].nonzero().squeeze(1).tolist())
+        assert got == top | set(rest) and len(got) == k
+        assert (draw.log_weight[0, 0, h][draw.keep[0, 0, h]] == 0).all()
+    assert not CrossTopSampler().random  # the same kept set whatever the seed
 
 
 def test_weights_are_unbiased_for_every_position():

@@ -44,7 +44,10 @@ def tied_here(attn: str, name: str, ratio: float, mask: torch.Tensor, ids) -> se
 # Presses added after the snapshot's commit, with records since: their own tests check what they keep.
 SINCE = {"cross_kvzip_block1_a75_widest": "tests/test_widest_cross.py",
          "cross_kvzip_block1_a90_widest": "tests/test_widest_cross.py",
-         "cross_kvzip_block1_a90_widest_nocorr": "tests/test_widest_cross.py"}
+         "cross_kvzip_block1_a90_widest_nocorr": "tests/test_widest_cross.py",
+         "cross_kvzip_block1_a50_toprest_widest": "tests/test_widest_cross.py",
+         "cross_kvzip_block1_a75_toprest_widest": "tests/test_widest_cross.py",
+         "topk_gate_widest": "tests/test_gate.py"}
 
 
 def test_the_snapshot_covers_the_catalogue_and_the_records():

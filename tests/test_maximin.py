@@ -170,3 +170,18 @@ def test_memory_is_checked_in_every_regime_and_dtype_and_unknown_bytes_are_refus
     table = maximin(frames, memory={"ruler": pd.DataFrame(measured)})
     assert table.loc["x", "held_vs_topk"] == pytest.approx(1 + 5 / 125) and not table.loc["x", "candidate"]
     assert table.loc["snapkv", "held_vs_topk"] == pytest.approx(1.0)
+
+
+def test_the_fast_pick_and_the_merge():
+    """RECOMMENDED_FAST: the best worst among candidates whose prefill is at most 1.2 x snapkv's (unpriced presses
+    are not fast); it replaces RECOMMENDED when its worst is within 0.03, and not when it is further below."""
+    t = _table({"slow": (0.50, 0.6, 1.0), "fast": (0.48, 0.5, 1.0), "faster": (0.30, 0.4, 1.0), "fat": (0.9, 0.9, 1.1),
+                "unpriced": (0.49, 0.5, 1.0)})
+    prefill = pd.Series({"slow": 4.0, "fast": 1.2, "faster": 0.9, "fat": 1.0})
+    p = picks(t, size=lambda press: 0, prefill=prefill)
+    assert p["RECOMMENDED_FAST"] == "fast" and p["RECOMMENDED"] == "fast" and p["RECOMMENDED_SLOW"] == "slow"
+    t.loc["fast", ["worst", "q_ruler", "q_prose"]] = 0.465  # 0.035 below: no merge
+    p = picks(t, size=lambda press: 0, prefill=prefill)
+    assert p["RECOMMENDED_FAST"] == "fast" and p["RECOMMENDED"] == "slow" and "RECOMMENDED_SLOW" not in p
+    assert "RECOMMENDED_FAST" not in picks(t, size=lambda press: 0, prefill=pd.Series({"slow": 4.0}))
+    assert "RECOMMENDED_FAST" not in picks(t, size=lambda press: 0)

@@ -55,3 +55,15 @@ def test_the_frontier_plot_is_written_beside_its_table(tmp_path):
     png = frontier([str(table)])
     assert png == tmp_path / "test-frontier.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_the_price_plot_is_written_beside_the_frontier(tmp_path):
+    """With a price record, worst q against prefill time over snapkv's: a press the record lacks is named, not drawn."""
+    table = tmp_path / "test-maximin.csv"
+    table.write_text((RULE / "test-maximin.csv").read_text())
+    record = tmp_path / "price.jsonl"
+    record.write_text((ROOT / "results" / "bench" / "price" / "price.jsonl").read_text())
+    png = frontier([str(table), "--price", str(record)])
+    plot = tmp_path / "test-price.png"
+    assert png == tmp_path / "test-frontier.png" and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plot.stat().st_size > 10_000

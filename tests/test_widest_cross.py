@@ -100,3 +100,31 @@ def test_refusals():
             get_press(name, 0.5)
     with pytest.raises(ValueError, match="budget"):
         get_press("cross_kvzip_block1_a75_widest", 0.5, budget="global")  # every head keeps its layer's width
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_top_rest_keeps_two_top_sets_and_stores_no_bias(dtype):
+    """``toprest``: KVzip's exact top of each layer's width, the rest pi_min-h's top, weight 1: no bias on the
+    cache (kvpress top-k's bytes), the widths of ``widest_fit``, and entries outside KVzip's own top set."""
+    model, n, ratio = tiny_model("llama", dtype=dtype), 96, 0.75
+    ids = random_ids(n, seed=23)
+    kvzip_scoring.clear_scores()
+    press = get_press("cross_kvzip_block1_a50_toprest_widest", ratio)
+    cache = press_prefill(model, ids, press)
+    plain = DynamicCache()
+    with torch.no_grad():
+        model.model(input_ids=ids, past_key_values=plain)
+    scores = _scores(press)
+    _, widths = widest_fit(scores, ratio)
+    outside = 0
+    for layer, module in enumerate(m.self_attn for m in language_model(model).layers):
+        width = int(widths[layer])
+        assert cache.layers[layer].keys.shape[2] == width
+        assert correction.bias_of(module, cache) is None  # nothing to correct: top-k's bytes
+        for head, positions in enumerate(_positions(plain.layers[layer].keys[0], cache.layers[layer].keys[0])):
+            assert len(positions) == width
+            assert set(scores[layer, 0, head].topk(width // 2).indices.tolist()) <= positions
+            outside += len(positions - set(scores[layer, 0, head].topk(width).indices.tolist()))
+    assert outside > 0  # pi_min-h's top filled part of the width
+    with pytest.raises(ValueError, match="nothing to correct"):
+        get_press("cross_kvzip_block1_a50_toprest_widest_nocorr", ratio)

@@ -29,6 +29,8 @@ REGIMES = {"ruler": ("score", True), "prose": ("kl", False), "recall": ("kl", Fa
 TOLERANCE = 0.01
 TIE = 0.01  # worst, mean and a regime's q within this of the best are tied
 BYTES_TIE = 0.001  # held_vs_topk within this of the lowest is tied (0.1 % of top-k's bytes)
+FAST = 1.2  # RECOMMENDED_FAST: prefill time at most this over snapkv's (the price bench)
+MERGE = 0.03  # RECOMMENDED_FAST becomes RECOMMENDED when its worst is within this of RECOMMENDED's
 TOPK = ("snapkv", "tova", "keydiff")  # kvpress's top-k (the first present): every scorer keeps one count per head
 
 
@@ -184,14 +186,28 @@ def first(table: pd.DataFrame, score: str, size: Callable[[str], int] = design_s
     return sorted(sizes[sizes == sizes.min()].index)[0]
 
 
-def picks(table: pd.DataFrame, size: Callable[[str], int] = design_size) -> dict[str, str]:
+def picks(table: pd.DataFrame, size: Callable[[str], int] = design_size, prefill: pd.Series | None = None
+          ) -> dict[str, str]:
     """RECOMMENDED (the candidate with the highest worst) and the candidates with the highest RULER and
-    prose q, each with the rule's tie-breaks (``first``)."""
+    prose q, each with the rule's tie-breaks (``first``). With ``prefill`` (press -> prefill time over
+    snapkv's, from a price record), also RECOMMENDED_FAST: the same pick among the candidates whose prefill
+    is at most ``FAST`` (an unpriced press is not one), which becomes RECOMMENDED too when its worst is within
+    ``MERGE`` of RECOMMENDED's (the one it replaces is then RECOMMENDED_SLOW)."""
     cand = table[table["candidate"]]
     if cand.empty:
         raise ValueError("no candidate holds at most kvpress top-k's bytes (+1 %)")
-    return {"RECOMMENDED": first(cand, "worst", size), "RECOMMENDED_RETRIEVAL": first(cand, "q_ruler", size),
-            "RECOMMENDED_PROSE": first(cand, "q_prose", size)}
+    chosen = {"RECOMMENDED": first(cand, "worst", size), "RECOMMENDED_RETRIEVAL": first(cand, "q_ruler", size),
+              "RECOMMENDED_PROSE": first(cand, "q_prose", size)}
+    if prefill is None:
+        return chosen
+    fast = cand[cand.index.map(lambda press: prefill.get(press, float("inf")) <= FAST).astype(bool)]
+    if fast.empty:
+        return chosen
+    chosen["RECOMMENDED_FAST"] = first(fast, "worst", size)
+    slow = chosen["RECOMMENDED"]
+    if slow != chosen["RECOMMENDED_FAST"] and table.loc[chosen["RECOMMENDED_FAST"], "worst"] >= table.loc[slow, "worst"] - MERGE:
+        chosen["RECOMMENDED"], chosen["RECOMMENDED_SLOW"] = chosen["RECOMMENDED_FAST"], slow
+    return chosen
 
 
 def intervals(frames: dict[str, pd.DataFrame], table: pd.DataFrame, ratios=(0.5, 0.75), level: float = 0.95,

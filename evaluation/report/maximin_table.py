@@ -2,8 +2,9 @@
 
     python -m evaluation.report.maximin_table dev  --ruler D... --prose D... --recall D... [--ratios 0.5 0.75]
     python -m evaluation.report.maximin_table test --ruler D... --prose D... --recall D... --ratios 0.25 0.5 0.75
-    (--only P... / --drop P...: the pool restricted to / without these presses; --out FILE: the output file,
-    default results/rule/<split>-maximin.md)
+    (--only P... / --drop P...: the pool restricted to / without these presses; --fast: round 3's
+    RECOMMENDED_FAST and merge, from the --price record; --out FILE: the output file, default
+    results/rule/<split>-maximin.md)
 
 writes the Markdown table and a CSV beside it: every press run in all three regimes, its q per regime and
 ratio, worst, mean, bytes held over kvpress top-k's, the picks, and the paired intervals per regime.
@@ -70,6 +71,9 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("--bytes", nargs="+", default=None,
                    help="bytes records (python -m evaluation.bench bytes: <dataset>-<dtype>.jsonl files): the bytes "
                         "held in each regime they cover, every dtype (else the records' own kv_bytes and bias_bytes)")
+    p.add_argument("--fast", action="store_true",
+                   help="round 3 of the rule: also pick RECOMMENDED_FAST among the candidates whose prefill in the "
+                        "price record is at most 1.2 x snapkv's, RECOMMENDED when within 0.03 of its worst")
     p.add_argument("--out", default=None, help="output file (default: results/rule/<split>-maximin.md)")
     p.add_argument("--price", default=str(price.RECORD.relative_to(price.ROOT)),
                    help="price record (python -m evaluation.bench price; default %(default)s, read from the "
@@ -82,12 +86,14 @@ def main(argv: list[str] | None = None) -> Path:
         frames = {r: f[~f["press"].isin(args.drop)] for r, f in frames.items()}
     memory = bytes_frames(args.bytes or [], args.only)
     table = maximin(frames, tuple(args.ratios), memory)
-    chosen = picks(table)
+    record_path = price.ROOT / args.price
+    record = price.maybe_load(record_path)
+    if args.fast and record is None:
+        raise SystemExit(f"--fast needs a price record: {record_path} is missing (python -m evaluation.bench price)")
+    chosen = picks(table, prefill=record["prefill_over_snapkv"] if args.fast else None)
     table["samples"] = [is_sampling(press) for press in table.index]
     examples = {r: f.loc[f["press"] != "full", "example_id"].nunique() for r, f in frames.items()}
     shown = table.drop(columns=[c for c in table.columns if c.count("_") == 2 and c.startswith("q_")])
-    record_path = price.ROOT / args.price
-    record = price.maybe_load(record_path)
     shown = shown.join(price.columns(shown.index, record))
     lines = [f"# The maximin rule of docs/recommendation-rule.md, {args.split} split", "",
              "Command: `python -m evaluation.report.maximin_table " + " ".join(argv) + "`", "",

@@ -45,7 +45,7 @@ from kvpress import (AdaKVPress, BasePress, ExpectedAttentionPress, KeyDiffPress
                      StreamingLLMPress, TOVAPress)
 
 from kvpress_prob.proposals.calibrated import CalibratedProposal
-from kvpress_prob.samplers.cross import CrossStratifiedSampler
+from kvpress_prob.samplers.cross import CrossStratifiedSampler, CrossTopSampler
 from kvpress_prob.proposals.pairs import PairProposal, UniformProposal
 from kvpress_prob.presses.h2o import EagerObservedAttentionPress
 from kvpress_prob.presses.kvzip import KVzipSampledPress
@@ -113,6 +113,8 @@ OPTIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "tblock": (r"tblock", "MixtureSampler unit=<block size>: the mixture's tail sampled in blocks", ("cross",)),
     "peak": (r"peak(\d+)", "MixtureSampler peaked=<k>/100: a head whose scorer mass in its top k is >= k/100 keeps "
              "top-k blocks", ("cross",)),
+    "toprest": (r"toprest", "CrossTopSampler: the rest of each head is pi_min-h's top, weight 1 (deterministic)",
+                ("cross",)),
     "strata": (r"strata", "PoissonSampler alpha=0.5: the top half of each head's allocation kept", ("prob",)),
     "coord": (r"coord", "PoissonSampler coordinated=True: one uniform per position for all heads", ("prob",)),
     "ht": (r"ht", "PoissonSampler inclusion_weights=True: Horvitz-Thompson weights 1/q_i", ("prob",)),
@@ -270,6 +272,8 @@ def check(parts: Parts, name: str | None = None) -> None:
         _refuse(name, f"a {kind} press needs a block unit and an a<percent> option")
     if kind == "cross" and (parts.proposal not in [*SCORERS, "kvzip"] or not 0 <= int(_value(parts, "a")) <= 100):
         _refuse(name, "a cross press names a kvpress scorer (its exact set) and a<percent> in 0..100")
+    if "toprest" in keys and {"mix", "nocorr"} & set(keys):
+        _refuse(name, "toprest fills each head with a top-k (weight 1): no mix<k> tail to sample, nothing to correct")
     if {"tblock", "peak"} & set(keys) and "mix" not in keys:
         _refuse(name, "tblock and peak<k> are options of the mixture tail: add mix<k>")
     if "mix" in keys and not 0 <= int(_value(parts, "mix")) <= 100:
@@ -349,6 +353,8 @@ def _token_sampler(parts: Parts) -> Sampler:
 def _cross_sampler(parts: Parts) -> CrossStratifiedSampler:
     """A cross press's draw: ``CrossStratifiedSampler``, or with ``mix<k>`` a ``MixtureSampler``."""
     alpha, size = int(_value(parts, "a")) / 100, int(parts.unit[5:])
+    if _value(parts, "toprest"):
+        return CrossTopSampler(alpha=alpha, size=size)
     if not _value(parts, "mix"):
         return CrossStratifiedSampler(alpha=alpha, size=size)
     peak = _value(parts, "peak")

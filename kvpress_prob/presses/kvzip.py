@@ -91,17 +91,22 @@ class KVzipSampledPress(BoundedKVzipPress):
         self.evictor()  # checks the ratio, budget and sampler now
         super().__post_init__()
 
+    @property
+    def allocated(self) -> bool:
+        """Whether an allocation over layers (``layers`` or ``widest``) sets every head's count."""
+        return self.layers or self.widest
+
     def evictor(self, compression_ratio: float | None = None) -> SamplingPress:
         """The SamplingPress that evicts (its proposal is unused: pi comes from KVzip's scores)."""
         ratio = self.compression_ratio if compression_ratio is None else compression_ratio
         return SamplingPress(proposal=UniformProposal(), sampler=self.sampler, compression_ratio=ratio,
-                             budget="head" if self.layers or self.widest else self.budget, seed=self.seed,
+                             budget="head" if self.allocated else self.budget, seed=self.seed,
                              correct=self.correct)
 
     def unused_fields(self) -> set[str]:
         """The fields this press ignores, whose overrides ``get_press`` refuses: ``layerwise``, ``budget`` under
         ``layers`` or ``widest`` (every head keeps its layer's count), ``seed`` under a deterministic sampler."""
-        return {"layerwise"} | ({"budget"} if self.layers or self.widest else set()) | (set() if self.sampler.random else {"seed"})
+        return {"layerwise"} | ({"budget"} if self.allocated else set()) | (set() if self.sampler.random else {"seed"})
 
     def layer_counts(self, scores: torch.Tensor) -> list[int]:
         """Per layer, the entries each head keeps under KVzip's allocation (``layers``): the layer's share of
@@ -156,7 +161,7 @@ class KVzipSampledPress(BoundedKVzipPress):
         modules = [layer.self_attn for layer in language_model(model).layers]
         if self.tail is not None:  # (L, b, H, 2, n): KVzip's row chooses the exact set
             pi = torch.stack([pi, torch.stack([self._tails[m.layer_idx].to(pi.device).float() for m in modules])], dim=3)
-        if not (self.layers or self.widest):
+        if not self.allocated:
             self.evictor().evict(self._cache, {m: pi[m.layer_idx].to(self._cache.layers[m.layer_idx].keys.device)
                                                 for m in modules})
             return

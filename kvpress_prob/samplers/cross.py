@@ -13,6 +13,8 @@ proposals).
   exact set, row 1 is sampled from. Only a ``CrossStratifiedSampler`` reads it.
 - ``CrossStratifiedSampler``: the draw, with a per-head budget (int((1 - r) n) entries, kvpress's
   count), so the cache holds what kvpress's top-k holds plus the correction bias.
+- ``CrossTopSampler``: the same exact set, the rest of each head the top of the other proposal
+  (deterministic, weight 1).
 - ``UniformProposal``: pi_i = 1 / n. With priority sampling and a per-head budget it is uniform
   random per-head eviction (arXiv 2609.03430's baseline); its weights are all equal, so the
   correction changes nothing.
@@ -76,11 +78,34 @@ class CrossStratifiedSampler(Sampler):
         top = top_by_rank(block_pi, count).repeat_interleave(self.size, dim=-1)[..., :n]  # (L, b, H, n)
         rest = renormalise(sample_pi, ~top)
         target = (k - top.sum(-1)).clamp(min=0)  # (L, b, H)
-        sampled, log_w = priority_draw(rest, target, generator)
+        sampled, log_w = self.fill(rest, target, generator)
         keep = top | sampled
         log_weight = torch.where(top, 0.0, torch.where(sampled, log_w, float("-inf")))
         return Draw(keep=keep, log_weight=log_weight.float(),
                     stats={"exact_blocks_per_head": n_blocks, "kept_per_head": k})
 
+    def fill(self, rest: torch.Tensor, target: torch.Tensor, generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """The positions that fill each head after its exact set, and their log-weights: a priority draw of
+        ``target`` (L, b, H) positions from ``rest`` (L, b, H, n), row 1 renormalised outside the exact set."""
+        return priority_draw(rest, target, generator)
 
-__all__ = ["CrossStratifiedSampler"]
+
+@dataclass(kw_only=True)
+class CrossTopSampler(CrossStratifiedSampler):
+    """``CrossStratifiedSampler``'s exact set by row 0, the rest of each head's k the top of row 1 (weight 1).
+
+    Deterministic: two scores' top sets side by side in every head, with nothing to correct, so the cache
+    holds kvpress top-k's bytes. Parameters as ``CrossStratifiedSampler``'s.
+    """
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.random = False
+
+    def fill(self, rest, target, generator):
+        """The ``target`` (L, b, H) positions of largest row 1 outside the exact set, log-weight 0."""
+        top = top_by_rank(rest, target)
+        return top, torch.zeros_like(rest)
+
+
+__all__ = ["CrossStratifiedSampler", "CrossTopSampler"]
