@@ -2,6 +2,7 @@
 allocation's kept set with real eviction at kvpress's count, compression under model.generate, a deterministic
 trainer cached outside the repository, and refusals."""
 
+import copy
 import logging
 
 import pytest
@@ -114,12 +115,17 @@ def test_trainer_is_deterministic_cached_and_says_so(tmp_path, monkeypatch, capl
     with caplog.at_level(logging.WARNING, logger="kvpress_prob.presses.gate_training"):
         monkeypatch.setattr(gt, "TrainSettings", lambda: settings)  # the press trains with the defaults: small here
         press = GatePress(compression_ratio=0.5, corpus=corpus)
-        with press(model):
+        with torch.no_grad(), press(model):  # first use inside no_grad, as inference runs: it still trains
             model.model(input_ids=contexts[0], past_key_values=DynamicCache())
         trained = [r for r in caplog.records if "training one" in r.getMessage()]
         assert len(trained) == 1 and str(tmp_path) in trained[0].getMessage()
         with GatePress(compression_ratio=0.5, corpus=corpus)(model):  # the second use reads the cache
             model.model(input_ids=contexts[0], past_key_values=DynamicCache())
+        for dtype in (torch.bfloat16, torch.float16):  # the same model in the dtypes users run: the same gate
+            cast = copy.deepcopy(model).to(dtype)
+            assert gt.model_key(cast) == gt.model_key(model)
+            with torch.no_grad(), GatePress(compression_ratio=0.5, corpus=corpus)(cast):
+                cast.model(input_ids=contexts[0], past_key_values=DynamicCache())
         assert len([r for r in caplog.records if "training one" in r.getMessage()]) == 1
     files = list((tmp_path / "gates").rglob("gate-*.pt"))
     assert len(files) == 1 and len(list((tmp_path / "gates").rglob("labels/*.pt"))) == 2

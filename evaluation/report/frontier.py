@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("table", help="a maximin table's CSV, <split>-maximin.csv")
     p.add_argument("--out", default=None, help="unset: <split>-frontier.png beside the table")
     p.add_argument("--price", default=None,
-                   help="a price record: also plot worst q against prefill time (<split>-price.png beside --out)")
+                   help="a price record: also plot worst q against prefill time (--out's name with 'price' for 'frontier')")
     args = p.parse_args(argv)
     table_path = Path(args.table)
     split = table_path.name.split("-maximin")[0]
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> Path:
     if args.price:
         from evaluation.report.price import load
 
-        print(plot_price(table, load(args.price), split, out.with_name(f"{split}-price.png")))
+        print(plot_price(table, load(args.price), split, out.with_name(out.name.replace("frontier", "price"))))
     return out
 
 

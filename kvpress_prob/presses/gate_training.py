@@ -62,14 +62,15 @@ class TrainSettings:
 
 
 def model_key(model) -> str:
-    """The model's folder name: its name, shapes and a digest of its first and last layers' weights."""
+    """The model's folder name: its name, shapes and a digest of the signs of its first and last layers' key
+    weights, which casting to bfloat16 or float16 keeps, so one gate serves the model in every dtype."""
     config = model.config
     name = Path(str(config.name_or_path or "model")).name.lower() or "model"
     layers = language_model(model).layers
     digest = hashlib.sha256(json.dumps([config.num_hidden_layers, config.hidden_size, config.num_attention_heads,
                                         config.num_key_value_heads], sort_keys=True).encode())
     for proj in (layers[0].self_attn.k_proj.weight, layers[-1].self_attn.k_proj.weight):
-        digest.update(proj.detach().float().flatten()[:4096].cpu().numpy().tobytes())
+        digest.update((proj.detach().flatten()[:4096] > 0).cpu().numpy().tobytes())
     return f"{name}-{digest.hexdigest()[:12]}"
 
 
@@ -162,10 +163,10 @@ def train_gates(model, inputs: list[torch.Tensor], labels: list[tuple[torch.Tens
     start = time.perf_counter()
     first = [max(settings.n_sink, scored_from) for _, scored_from in labels]
     device = next(model.parameters()).device  # trained on the model's (first) device
-    x = torch.cat([h[:, f:] for h, f in zip(inputs, first)], dim=1).to(device)  # (L, N, d)
+    x = torch.cat([h[:, f:] for h, f in zip(inputs, first)], dim=1).to(device, torch.float32)  # (L, N, d)
     y = torch.cat([s[:, :, f:] for (s, _), f in zip(labels, first)], dim=2).clamp(0.0, 1.0).to(device)  # (L, H, N)
     n_tokens = x.shape[1]
-    with _deterministic():
+    with torch.enable_grad(), _deterministic():  # a press trains on first use, often inside torch.no_grad()
         gates = [g.to(device) for g in new_gates(model, settings)]
         params = [p for g in gates for p in g.parameters()]
         optimiser = torch.optim.SGD(params, lr=settings.lr, momentum=0.9)
