@@ -5,6 +5,10 @@
 # and 0.75 records are round 2's). Resumable: a rerun continues where it stopped.
 #   CANDIDATES="a b" sh results/rule/run-test-round3.sh ruler|prose|recall     the dev picks, r = 0.5 0.75 0.9
 #   sh results/rule/run-test-round3.sh ruler-base|prose-base|recall-base        the references
+#   As run (docs/recommendation-rule.md, "Round 3 as applied"):
+#     CANDIDATES="cross_kvzip_block1_a75_toprest_widest cross_kvzip_block1_a50_toprest_widest topk_gate_widest" ... ruler
+#     CANDIDATES="cross_kvzip_block1_a75_widest" ... ruler-sampled
+#     CANDIDATES="<the four>" ... prose, recall
 set -u
 cd "$(dirname "$0")/../.."
 PY="/work/main/.venv/bin/python"
@@ -16,11 +20,13 @@ PROSE="$PY -m evaluation prose run --split test --context 1024 --seeds 0 1 2 --m
 RECALL="$PY -m evaluation recall run --split test --seeds 0 1 2 --max-windows 24 --no-report"
 BASE="snapkv h2o topk_keydiff_block8 topk_kvzip_widest"  # deterministic; on RULER at every ratio (the earlier records carry no bias bytes)
 case "$1" in
-ruler)  $RULER --ratios 0.5 0.75 0.9 --presses $CANDIDATES prob_min_h --out results/test/round3-ruler-1024-cand ;;
+ruler)  $RULER --ratios 0.5 0.75 0.9 --presses $CANDIDATES --out results/test/round3-ruler-1024-cand ;;
+ruler-sampled)  # the sampling presses (3 seeds), in their own folder so that it runs beside "ruler"
+        $RULER --ratios 0.5 0.75 0.9 --presses $CANDIDATES prob_min_h --out results/test/round3-ruler-1024-cand-s ;;
 prose)  $PROSE --ratios 0.5 0.75 0.9 --presses $CANDIDATES --out results/prose/test-1024-round3-cand ;;
 recall) $RECALL --ratios 0.5 0.75 0.9 --presses $CANDIDATES prob_min_h --out results/recall/test-1024-round3-cand ;;
 ruler-base)  $RULER --ratios 0.5 0.75 0.9 --presses $BASE --out results/test/round3-ruler-1024 ;;
 prose-base)  $PROSE --ratios 0.9 --presses $BASE prob_min_h --out results/prose/test-1024-round3 ;;
 recall-base) $RECALL --ratios 0.9 --presses $BASE --out results/recall/test-1024-round3 ;;
-*) echo "usage: sh results/rule/run-test-round3.sh ruler|prose|recall|ruler-base|prose-base|recall-base"; exit 2 ;;
+*) echo "usage: sh results/rule/run-test-round3.sh ruler|ruler-sampled|prose|recall|ruler-base|prose-base|recall-base"; exit 2 ;;
 esac
