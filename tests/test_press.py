@@ -244,12 +244,18 @@ def explicit_answer(model, tokenizer, press, inputs, n_tokens):
     return tokenizer.decode(tokens[:end], skip_special_tokens=True)
 
 
-def test_recommended_presses_are_registered_and_prose_samples():
+def test_recommended_presses_are_registered_and_deterministic():
+    from kvpress_prob.presses.gate import GatePress
     from kvpress_prob.presses.kvzip import KVzipSampledPress
     from kvpress_prob.presses.kvzip_alloc import KVzipAllocatedPress
-    from kvpress_prob.names.registry import RECOMMENDED, RECOMMENDED_PROSE, RECOMMENDED_RETRIEVAL, is_sampling
+    from kvpress_prob.samplers.cross import CrossTopSampler
+    from kvpress_prob.names.registry import (RECOMMENDED, RECOMMENDED_FAST, RECOMMENDED_PROSE, RECOMMENDED_RETRIEVAL,
+                                             is_sampling)
 
-    assert {RECOMMENDED, RECOMMENDED_PROSE, RECOMMENDED_RETRIEVAL} <= set(PRESSES)
-    for name in (RECOMMENDED, RECOMMENDED_RETRIEVAL):  # top-k presses over KVzip's scores, real eviction
-        assert isinstance(get_press(name, 0.5), KVzipAllocatedPress) and not is_sampling(name)
-    assert is_sampling(RECOMMENDED_PROSE) and isinstance(get_press(RECOMMENDED_PROSE, 0.5), KVzipSampledPress)
+    assert {RECOMMENDED, RECOMMENDED_FAST, RECOMMENDED_PROSE, RECOMMENDED_RETRIEVAL} <= set(PRESSES)
+    for name in (RECOMMENDED, RECOMMENDED_PROSE):  # KVzip's top and pi_min-h's top in the widest widths, no weights
+        press = get_press(name, 0.5)
+        assert isinstance(press, KVzipSampledPress) and press.widest and isinstance(press.sampler, CrossTopSampler)
+    assert isinstance(get_press(RECOMMENDED_RETRIEVAL, 0.5), KVzipAllocatedPress)
+    assert isinstance(get_press(RECOMMENDED_FAST, 0.5), GatePress)
+    assert not any(map(is_sampling, (RECOMMENDED, RECOMMENDED_FAST, RECOMMENDED_PROSE, RECOMMENDED_RETRIEVAL)))

@@ -101,15 +101,17 @@ HYBRIDS = {name: f for name, f in _where(kind="hybrid").items() if CATALOGUE[nam
 SUMMARIES = {name: PRESSES[name] for name, entry in CATALOGUE.items() if entry.family == "summaries"}
 
 
-#: The recommendations, chosen on the three development splits (RULER, prose, natural-text recall) by the
-#: maximin rule: RECOMMENDED maximises the worst of its three scores relative to each regime's best press,
-#: among the presses holding at most kvpress top-k's bytes (+1 %) on the cache. It is a top-k press: KVzip's
-#: reconstruction scores, every head of a layer keeping the count of the layer's neediest head under KVzip's
-#: global top, real eviction. RECOMMENDED_PROSE (sampled, corrected) and RECOMMENDED_RETRIEVAL are the
-#: per-regime picks; each costs much in the other regimes.
-RECOMMENDED = "topk_kvzip_widest"
-RECOMMENDED_PROSE = "cross_kvzip_block1_a75_mix50_layers"
-RECOMMENDED_RETRIEVAL = "topk_kvzip_ragged_fit"
+#: The recommendations, chosen on the three development splits (RULER, prose, natural-text recall) at r = 0.5,
+#: 0.75 and 0.9 by the maximin rule: RECOMMENDED maximises the worst of its three scores relative to each
+#: regime's best press, among the presses holding at most kvpress top-k's bytes (+1 %) on the cache. It keeps,
+#: in every head of a layer, the widest allocation's width: KVzip's top three quarters of it and pi_min-h's top
+#: for the rest, real eviction, no weights. RECOMMENDED_FAST is the same choice among the presses whose prefill
+#: takes at most 1.2 x snapkv's (Fast KVzip's learned gates, no reconstruction pass). RECOMMENDED_PROSE and
+#: RECOMMENDED_RETRIEVAL are the per-regime picks.
+RECOMMENDED = "cross_kvzip_block1_a75_toprest_widest"
+RECOMMENDED_FAST = "topk_gate_widest"
+RECOMMENDED_PROSE = "cross_kvzip_block1_a50_toprest_widest"
+RECOMMENDED_RETRIEVAL = "topk_kvzip_widest"
 
 
 def factory(name: str) -> Callable[[float], BasePress]:
