@@ -154,3 +154,18 @@ def test_the_maximin_table_shows_the_price_columns(record, tmp_path):
     assert next(line for line in lines if line.startswith("| tova")).count(price.MISSING) == 4
     assert any(line.startswith("Price columns") and "`tova`" in line for line in lines)
     assert "prefill time / snapkv" not in out.with_suffix(".csv").read_text()  # the rule's CSV is unchanged
+
+
+def test_records_combine_first_wins_and_the_note_names_each_run(record, tmp_path):
+    first = price.load(record)
+    other = tmp_path / "other.jsonl"
+    rows = [_row("snapkv", 1.0, 1.0, 1.0), _row("topk_kvzip_widest", 9.0, 9.0, 9.0), _row("toprest", 5.0, 4.9, 5.1)]
+    other.write_text("".join(json.dumps(r | {"command": "python -m evaluation.bench price --presses toprest"}) + "\n"
+                             for r in rows))
+    both = price.combine([first, None, price.load(other)])
+    assert list(both.index) == ["snapkv", "topk_kvzip_widest", "toprest"]
+    assert both.loc["topk_kvzip_widest", "prefill_over_snapkv"] == 4.4  # the first record's row
+    assert both.loc["toprest", "prefill_over_snapkv"] == 5.0
+    text = price.note(both, ["toprest"], [record, other])
+    assert "within each run" in text and "--presses toprest` for `toprest`" in text
+    assert price.combine([None]) is None

@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> Path:
     p = argparse.ArgumentParser(prog="python -m evaluation.report.frontier", description=__doc__.split("\n\n")[0])
     p.add_argument("table", help="a maximin table's CSV, <split>-maximin.csv")
     p.add_argument("--out", default=None, help="unset: <split>-frontier.png beside the table")
-    p.add_argument("--price", default=None,
-                   help="a price record: also plot worst q against prefill time (--out's name with 'price' for 'frontier')")
+    p.add_argument("--price", nargs="+", default=None,
+                   help="price records (a press in several takes the first's row): also plot worst q against prefill time (--out's name with 'price' for 'frontier')")
     args = p.parse_args(argv)
     table_path = Path(args.table)
     split = table_path.name.split("-maximin")[0]
@@ -88,9 +88,10 @@ def main(argv: list[str] | None = None) -> Path:
     table = pd.read_csv(table_path, index_col="press")
     print(plot_frontier(table, split, out))
     if args.price:
-        from evaluation.report.price import load
+        from evaluation.report.price import combine, load
 
-        print(plot_price(table, load(args.price), split, out.with_name(out.name.replace("frontier", "price"))))
+        record = combine([load(path) for path in args.price])
+        print(plot_price(table, record, split, out.with_name(out.name.replace("frontier", "price"))))
     return out
 
 

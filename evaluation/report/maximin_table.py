@@ -75,9 +75,9 @@ def main(argv: list[str] | None = None) -> Path:
                    help="round 3 of the rule: also pick RECOMMENDED_FAST among the candidates whose prefill in the "
                         "price record is at most 1.2 x snapkv's, RECOMMENDED when within 0.03 of its worst")
     p.add_argument("--out", default=None, help="output file (default: results/rule/<split>-maximin.md)")
-    p.add_argument("--price", default=str(price.RECORD.relative_to(price.ROOT)),
-                   help="price record (python -m evaluation.bench price; default %(default)s, read from the "
-                        "repository root); the price columns are '—' where it is missing")
+    p.add_argument("--price", nargs="+", default=[str(price.RECORD.relative_to(price.ROOT))],
+                   help="price records (python -m evaluation.bench price; default %(default)s, read from the "
+                        "repository root; a press in several takes the first's row); '—' where none prices a press")
     args = p.parse_args(argv)
     frames = {r: frame(getattr(args, r)) for r in ("ruler", "prose", "recall")}
     if args.only:
@@ -86,10 +86,10 @@ def main(argv: list[str] | None = None) -> Path:
         frames = {r: f[~f["press"].isin(args.drop)] for r, f in frames.items()}
     memory = bytes_frames(args.bytes or [], args.only)
     table = maximin(frames, tuple(args.ratios), memory)
-    record_path = price.ROOT / args.price
-    record = price.maybe_load(record_path)
+    record_path = [price.ROOT / p for p in args.price]
+    record = price.combine([price.maybe_load(p) for p in record_path])
     if args.fast and record is None:
-        raise SystemExit(f"--fast needs a price record: {record_path} is missing (python -m evaluation.bench price)")
+        raise SystemExit(f"--fast needs a price record: {args.price} are missing (python -m evaluation.bench price)")
     chosen = picks(table, prefill=record["prefill_over_snapkv"] if args.fast else None)
     table["samples"] = [is_sampling(press) for press in table.index]
     examples = {r: f.loc[f["press"] != "full", "example_id"].nunique() for r, f in frames.items()}
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> Path:
                f"{table.loc[v, 'q_ruler']:.3f}, prose {table.loc[v, 'q_prose']:.3f}, recall {table.loc[v, 'q_recall']:.3f}"
                for k, v in chosen.items()], "",
              f"First by worst among all candidates (any origin): `{table[table.candidate].index[0]}`.", "",
-             markdown_table(shown, float_format="{:.3f}"), "", price.note(record, shown.index, record_path), "",
+             markdown_table(shown, float_format="{:.3f}"), "", price.note(record, shown.index, record_path if len(record_path) > 1 else record_path[0]), "",
              *interval_tables(frames, table, args.ratios)]
     out = Path(args.out) if args.out else Path("results/rule") / f"{args.split}-maximin.md"
     out.write_text("\n".join(lines))

@@ -67,20 +67,37 @@ def columns(presses, record: pd.DataFrame | None, spread: bool = True) -> pd.Dat
     return pd.DataFrame.from_dict(out, orient="index")
 
 
-def note(record: pd.DataFrame | None, presses=(), path: str | Path = RECORD) -> str:
-    """Where the price columns come from, and which of ``presses`` have no figures (shown as ``MISSING``)."""
-    shown = str(Path(path).resolve().relative_to(ROOT)) if Path(path).resolve().is_relative_to(ROOT) else str(path)
+def note(record: pd.DataFrame | None, presses=(), path: str | Path | list = RECORD) -> str:
+    """Where the price columns come from (``path``: the record's file, or its files), and which of ``presses``
+    have no figures (shown as ``MISSING``)."""
+    paths = path if isinstance(path, list) else [path]
+    shown = ", ".join(str(Path(p).resolve().relative_to(ROOT)) if Path(p).resolve().is_relative_to(ROOT) else str(p)
+                      for p in paths)
     if record is None:
         return f"Price columns: {MISSING} everywhere: no price record ({shown}; `python -m evaluation.bench price`)."
     m = record.iloc[0]
     lacking = [p for p in presses if p not in record.index]
-    text = (f"Price columns (`{shown}`, `{m['command']}`): ratios over snapkv's measured side by side in one run on "
+    runs = record.groupby("command", sort=False).groups
+    where = (f"`{m['command']}`): ratios over snapkv's measured side by side in one run" if len(runs) == 1 else
+             "; ".join(f"`{c}` for {', '.join(f'`{p}`' for p in names)}" for c, names in runs.items())
+             + "): ratios over snapkv's measured side by side within each run (each run times its own snapkv)")
+    text = (f"Price columns (`{shown}`, {where} on "
             f"{m['device']}, n = {m['n']} tokens, r = {m['ratio']:g}: prefill wall time, prefill peak memory above "
             f"what was held before, one decoding step at the press's kept length; median [range] over {m['rounds']} "
             f"rounds; decode route: the attention function a spy saw decode.")
     if lacking:
         text += f" {MISSING}: no price record for {', '.join(f'`{p}`' for p in lacking)}."
     return text
+
+
+def combine(records: list[pd.DataFrame | None]) -> pd.DataFrame | None:
+    """One record from several (each ``load``'s), a press priced by more than one taking the first's row: each
+    row keeps its own run's ``command``, which ``note`` names. None when none of ``records`` exists."""
+    found = [r for r in records if r is not None]
+    if not found:
+        return None
+    merged = pd.concat(found)
+    return merged[~merged.index.duplicated(keep="first")]
 
 
 def maybe_load(path: str | Path = RECORD, **where) -> pd.DataFrame | None:
