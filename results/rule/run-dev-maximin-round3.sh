@@ -8,6 +8,9 @@ $PY -m evaluation.report.maximin_table dev --ratios 0.5 0.75 0.9 --fast --price 
   --ruler results/dev/round3-ruler-1024 results/dev/round3-toprest-ruler-1024 \
   --prose results/prose/dev-1024-round3 results/prose/dev-1024-round3-toprest \
   --recall results/recall/dev-1024-round3 results/recall/dev-1024-round3-toprest \
-  ${BYTES:+--bytes $BYTES} --out results/rule/dev-maximin-round3.md
+  --bytes results/bytes/dev-round3/ruler-float32.jsonl results/bytes/dev-round3/ruler-bfloat16.jsonl \
+    results/bytes/dev-round3/prose-float32.jsonl results/bytes/dev-round3/prose-bfloat16.jsonl \
+    results/bytes/dev-round3/recall-float32.jsonl results/bytes/dev-round3/recall-bfloat16.jsonl \
+  --out results/rule/dev-maximin-round3.md
 $PY -m evaluation.report.frontier results/rule/dev-maximin-round3.csv --price results/bench/price-round3/price.jsonl \
   --out results/rule/dev-round3-frontier.png
