@@ -22,6 +22,20 @@ def _scores(press):
     return scores
 
 
+def _widest_prefill(dtype, seed: int, name: str, ratio: float, n: int = 96):
+    """The tiny model, its cache compressed by ``name`` at ``ratio``, a plain prefill's cache, KVzip's pinned scores
+    and widest's widths."""
+    model, ids = tiny_model("llama", dtype=dtype), random_ids(n, seed=seed)
+    kvzip_scoring.clear_scores()
+    press = get_press(name, ratio)
+    cache = press_prefill(model, ids, press)
+    plain = DynamicCache()
+    with torch.no_grad():
+        model.model(input_ids=ids, past_key_values=plain)
+    scores = _scores(press)
+    return model, cache, plain, scores, widest_fit(scores, ratio)[1]
+
+
 def _positions(plain: torch.Tensor, held: torch.Tensor) -> list[set[int]]:
     """Per head, the prefix positions whose key rows ``held`` (H, s, d) holds, matched bit for bit to ``plain`` (H, n, d)."""
     out = []
@@ -34,16 +48,8 @@ def _positions(plain: torch.Tensor, held: torch.Tensor) -> list[set[int]]:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("ratio, alpha", [(0.75, 75), (0.9, 90)])
 def test_widths_exact_top_and_a_bias_in_the_keys_dtype(dtype, ratio, alpha):
-    model, n = tiny_model("llama", dtype=dtype), 96
-    ids = random_ids(n, seed=21)
-    kvzip_scoring.clear_scores()
-    press = get_press(f"cross_kvzip_block1_a{alpha}_widest", ratio)
-    cache = press_prefill(model, ids, press)
-    plain = DynamicCache()
-    with torch.no_grad():
-        model.model(input_ids=ids, past_key_values=plain)
-    scores = _scores(press)
-    _, widths = widest_fit(scores, ratio)
+    n = 96
+    model, cache, plain, scores, widths = _widest_prefill(dtype, 21, f"cross_kvzip_block1_a{alpha}_widest", ratio, n)
     assert int(widths.sum()) <= len(widths) * (n - int(n * ratio))  # within the equal-memory budget
     sampled = 0
     for layer, module in enumerate(m.self_attn for m in language_model(model).layers):
@@ -106,16 +112,8 @@ def test_refusals():
 def test_the_top_rest_keeps_two_top_sets_and_stores_no_bias(dtype):
     """``toprest``: KVzip's exact top of each layer's width, the rest pi_min-h's top, weight 1: no bias on the
     cache (kvpress top-k's bytes), the widths of ``widest_fit``, and entries outside KVzip's own top set."""
-    model, n, ratio = tiny_model("llama", dtype=dtype), 96, 0.75
-    ids = random_ids(n, seed=23)
-    kvzip_scoring.clear_scores()
-    press = get_press("cross_kvzip_block1_a50_toprest_widest", ratio)
-    cache = press_prefill(model, ids, press)
-    plain = DynamicCache()
-    with torch.no_grad():
-        model.model(input_ids=ids, past_key_values=plain)
-    scores = _scores(press)
-    _, widths = widest_fit(scores, ratio)
+    ratio = 0.75
+    model, cache, plain, scores, widths = _widest_prefill(dtype, 23, "cross_kvzip_block1_a50_toprest_widest", ratio)
     outside = 0
     for layer, module in enumerate(m.self_attn for m in language_model(model).layers):
         width = int(widths[layer])
