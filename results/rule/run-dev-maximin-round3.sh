@@ -4,7 +4,7 @@
 #   sh results/rule/run-dev-maximin-round3.sh  -> results/rule/dev-maximin-round3.md (+ .csv, the frontier plots)
 PY="/work/main/.venv/bin/python"
 export PYTHONPATH=$PWD
-$PY -m evaluation.report.maximin_table dev --ratios 0.5 0.75 0.9 --fast --price results/bench/price-round3/price.jsonl \
+$PY -m evaluation.report.maximin_table dev --ratios 0.5 0.75 0.9 --fast --price results/bench/price-round3/price.jsonl results/bench/price-round3-toprest/price.jsonl \
   --ruler results/dev/round3-ruler-1024 results/dev/round3-toprest-ruler-1024 \
   --prose results/prose/dev-1024-round3 results/prose/dev-1024-round3-toprest \
   --recall results/recall/dev-1024-round3 results/recall/dev-1024-round3-toprest \
@@ -12,5 +12,5 @@ $PY -m evaluation.report.maximin_table dev --ratios 0.5 0.75 0.9 --fast --price 
     results/bytes/dev-round3/prose-float32.jsonl results/bytes/dev-round3/prose-bfloat16.jsonl \
     results/bytes/dev-round3/recall-float32.jsonl results/bytes/dev-round3/recall-bfloat16.jsonl \
   --out results/rule/dev-maximin-round3.md
-$PY -m evaluation.report.frontier results/rule/dev-maximin-round3.csv --price results/bench/price-round3/price.jsonl \
+$PY -m evaluation.report.frontier results/rule/dev-maximin-round3.csv --price results/bench/price-round3/price.jsonl results/bench/price-round3-toprest/price.jsonl \
   --out results/rule/dev-round3-frontier.png
