@@ -141,13 +141,12 @@ NAMED_SHIPPED: dict[str, str] = {
         "prob_decode_attn_stratified", "prob_decode_attn_block4", "prob_decode_attn_vase",
         "prob_decode_min_variance_priority_floor20", "prob_decode_min_variance_priority_floor20_layers")},
     **{f"topk_kvzip_{a}": "top-k twins" for a in ("ragged", "widest", "ragged_fit")},
-    "topk_gate_widest": "top-k twins",
 }
 
 #: Per-name statuses, where a name differs from its family's.
 STATUS: dict[str, str] = {name: "recommended" for name in (
     "topk_keydiff_block8", "topk_kvzip_widest", "topk_kvzip_ragged_fit", "cross_kvzip_block1_a75_mix50_layers",
-    "cross_kvzip_block1_a75_toprest_widest", "cross_kvzip_block1_a50_toprest_widest", "topk_gate_widest")}
+    "cross_kvzip_block1_a75_toprest_widest", "cross_kvzip_block1_a50_toprest_widest")}
 
 
 @dataclass(frozen=True)
