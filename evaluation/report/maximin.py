@@ -200,13 +200,13 @@ def picks(table: pd.DataFrame, size: Callable[[str], int] = design_size, prefill
               "RECOMMENDED_PROSE": first(cand, "q_prose", size)}
     if prefill is None:
         return chosen
-    fast = cand[cand.index.map(lambda press: prefill.get(press, float("inf")) <= FAST).astype(bool)]
+    fast = cand[[prefill.get(press, float("inf")) <= FAST for press in cand.index]]
     if fast.empty:
         return chosen
     chosen["RECOMMENDED_FAST"] = first(fast, "worst", size)
-    slow = chosen["RECOMMENDED"]
-    if slow != chosen["RECOMMENDED_FAST"] and table.loc[chosen["RECOMMENDED_FAST"], "worst"] >= table.loc[slow, "worst"] - MERGE:
-        chosen["RECOMMENDED"], chosen["RECOMMENDED_SLOW"] = chosen["RECOMMENDED_FAST"], slow
+    quick, slow = chosen["RECOMMENDED_FAST"], chosen["RECOMMENDED"]
+    if quick != slow and table.loc[quick, "worst"] >= table.loc[slow, "worst"] - MERGE:
+        chosen["RECOMMENDED"], chosen["RECOMMENDED_SLOW"] = quick, slow
     return chosen
 
 
