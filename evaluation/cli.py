@@ -10,7 +10,7 @@
     kvprob recommended           # the four recommendations: quality, price, evidence (--markdown: the README table)
     kvprob prose run --split dev --context 1024 --presses snapkv prob_min_h --out runs/prose-x
     kvprob prose report --results runs/prose-x
-    kvprob stream --split dev --budget 256 --out runs/stream-dev   # eviction while decoding (docs/streaming.md)
+    kvprob stream --split dev --budget 256 --out runs/stream-dev   # eviction while decoding (docs/research/README.md)
 """
 
 from __future__ import annotations

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> Path:
     examples = {r: f.loc[f["press"] != "full", "example_id"].nunique() for r, f in frames.items()}
     shown = table.drop(columns=[c for c in table.columns if c.count("_") == 2 and c.startswith("q_")])
     shown = shown.join(price.columns(shown.index, record))
-    lines = [f"# The maximin rule of docs/recommendation-rule.md, {args.split} split", "",
+    lines = [f"# The maximin rule of docs/research/recommendation-rule.md, {args.split} split", "",
              "Command: `python -m evaluation.report.maximin_table " + " ".join(argv) + "`", "",
              f"Examples (before keeping those every press ran): RULER {examples['ruler']}, prose {examples['prose']} "
              f"windows, recall {examples['recall']} windows; ratios {args.ratios}. q = 1 is the regime's best press "
