@@ -87,7 +87,7 @@ def test_a_press_without_record_shows_no_price_and_no_other_press_figures(monkey
         assert [row[price.COLUMNS[f]] for f in price.COLUMNS] == [recommended.NO_PRICE] * 3
         assert "7.25" not in " ".join(map(str, row.values))
     assert recs[1].press == registry.RECOMMENDED_RETRIEVAL  # the row follows the registry
-    assert recommended.NO_PRICE in recommended.price_line(recs[1])
+    assert recommended.NO_PRICE in recommended.price_line(recs[1].press, recs[1].price)
 
 
 def test_every_recommendation_is_priced_by_a_committed_record(recs):

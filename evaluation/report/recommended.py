@@ -174,6 +174,7 @@ def _table(table: Path = TEST_TABLE):
     return args, frames, pd.read_csv(Path(table).with_suffix(".csv"), index_col="press")
 
 
+@functools.cache
 def evidence(press: str, table: Path = TEST_TABLE) -> Evidence | None:
     """The records behind ``press``'s row of ``table``, or None where the table lacks the press."""
     args, frames, csv = _table(table)
@@ -275,18 +276,19 @@ def text(recs: list[Recommendation] | None = None) -> list[str]:
             lines.append(f"    quality:  worst q {quality_cell(rec)}; q at r = {ratios}: {per}")
             lines.append(f"    evidence: {evidence_cell(rec)}; {rec.evidence.table}; records "
                          + ", ".join(rec.evidence.folders))
-        lines.append(f"    price:    {price_line(rec)}")
+        lines.append(f"    price:    {price_line(rec.press, rec.price)}")
     return lines
 
 
-def price_line(rec: Recommendation) -> str:
-    p = rec.price
-    if p is None:
-        return f"{NO_PRICE} (python -m evaluation.bench price --presses snapkv {rec.press})"
+def price_line(press: str, found: Price | None) -> str:
+    """One line: ``press``'s price ``found`` (``price_of``), or ``price.MISSING`` and the command that measures it."""
+    if found is None:
+        return f"{price.MISSING} ({NO_PRICE} for {press}: python -m evaluation.bench price --presses snapkv {press})"
+    p = found
     figures = ", ".join(f"{name.split(' /')[0]} {p.cell(f)}" for f, name in price.COLUMNS.items())
     return (f"over snapkv's, newest median [range over {len(p.records)} record{'s' * (len(p.records) > 1)}]: "
             f"{figures}; decoded by {p.decode_route}; newest: {p.record} ({p.device}, n = {p.n}, r = {p.ratio:g}, "
-            f"{p.rounds} rounds)")
+            f"{p.rounds} rounds): {p.command}")
 
 
 def replace_block(readme: str, recs: list[Recommendation] | None = None) -> str:
