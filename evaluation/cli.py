@@ -7,9 +7,10 @@
     kvprob reproduce --preset cpu-quick
     kvprob demo                  # cpu-quick computed afresh into results/demo, next to results/cpu-quick
     kvprob presses               # the presses by origin and family (--all: every name; NAME: one)
+    kvprob recommended           # the four recommendations: quality, price, evidence (--markdown: the README table)
     kvprob prose run --split dev --context 1024 --presses snapkv prob_min_h --out runs/prose-x
     kvprob prose report --results runs/prose-x
-    kvprob stream --split dev --budget 256 --out runs/stream-dev   # eviction while decoding (docs/streaming.md)
+    kvprob stream --split dev --budget 256 --out runs/stream-dev   # eviction while decoding (docs/research/README.md)
 """
 
 from __future__ import annotations
@@ -266,6 +267,23 @@ def cmd_presses(args) -> None:
         print("\n".join(family_table(every=args.all)))
 
 
+def cmd_recommended(args) -> None:
+    from evaluation.report import recommended
+
+    recs = recommended.rows()
+    if args.write:
+        path = Path(args.write)
+        try:
+            path.write_text(recommended.replace_block(path.read_text(), recs))
+        except ValueError as error:
+            sys.exit(f"kvprob recommended: {path}: {error}")
+        print(f"kvprob recommended: rewrote the table in {path}")
+    elif args.markdown:
+        print(recommended.markdown(recs))
+    else:
+        print("\n".join(recommended.text(recs)))
+
+
 def cmd_recall(args):
     from evaluation.tasks.recall import cli as recall
 
@@ -364,6 +382,12 @@ def parser() -> argparse.ArgumentParser:
     ps.add_argument("name", nargs="?", default=None, help="one press: its parts, settings and status")
     ps.add_argument("--all", action="store_true", help="every registered name, with its status and finding")
 
+    rc = add("recommended", "the four recommendations of the registry: what each is for, its quality on the test "
+             "split, its price over snapkv's and the evidence")
+    rc.add_argument("--markdown", action="store_true", help="the README's table (markdown) and its note")
+    rc.add_argument("--write", metavar="FILE", default=None,
+                    help="rewrite the table between the recommended-table markers in FILE (e.g. README.md)")
+
     from evaluation.tasks.prose.cli import add_parser as add_prose
     from evaluation.tasks.recall.cli import add_parser as add_recall
 
@@ -399,7 +423,7 @@ def main(argv: list[str] | None = None) -> None:
 
     command = {"stream": lambda a: cmd_stream(a, _load, _model_name), "stream-report": cmd_stream_report,
                "generate": cmd_generate, "run": cmd_run, "merge": cmd_merge, "report": cmd_report,
-               "reproduce": cmd_reproduce, "demo": cmd_demo, "presses": cmd_presses,
+               "reproduce": cmd_reproduce, "demo": cmd_demo, "presses": cmd_presses, "recommended": cmd_recommended,
                "compare": cmd_compare, "prose": cmd_prose,
                "recall": cmd_recall, "train-gate": cmd_train_gate}[args.command]
     try:

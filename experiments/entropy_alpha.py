@@ -1,4 +1,4 @@
-"""Which exact fraction each layer and head gets under the entropy-set hybrids (docs/entropy-hybrid.md).
+"""Which exact fraction each layer and head gets under the entropy-set hybrids (docs/presses.md).
 
 ``python -m experiments.entropy_alpha --dataset ruler|prose ...`` prefills each context under each
 press and ratio (the embedded model, no decoding) and writes, per press and ratio, the per-layer mean

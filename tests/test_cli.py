@@ -37,7 +37,7 @@ def test_presses_fits_one_screen_grouped_by_origin_and_family(capsys):
 def test_presses_all_lists_every_name_once_and_one_name_its_status(capsys):
     cli.main(["presses", "--all"])
     out = capsys.readouterr().out
-    table = out.split("\nrecommended:")[0].splitlines()
+    table = out.split("\nrecommended")[0].splitlines()
     listed = [line.split()[0] for line in table if re.match(r"    \S", line)]
     assert sorted(listed) == sorted(CATALOGUE)  # the registered presses and the listed decoding ones
     cli.main(["presses", "prob_tova_block8_priority"])
@@ -48,6 +48,55 @@ def test_presses_all_lists_every_name_once_and_one_name_its_status(capsys):
     assert "kind prob, proposal tova, unit block8, design threshold" in out and "status:  not registered" in out
     with pytest.raises(SystemExit, match="unknown part"):
         cli.main(["presses", "prob_tova_blok8"])
+
+
+def test_presses_recommends_exactly_the_four_constants_with_price_quality_and_counts(capsys):
+    from evaluation.report import recommended
+    from kvpress_prob.names import registry
+    from kvpress_prob.names.decoding import DECODING_PRESSES
+
+    constants = sorted(n for n in vars(registry) if re.fullmatch(r"RECOMMENDED(_[A-Z]+)?", n))
+    cli.main(["presses"])
+    out = capsys.readouterr().out
+    section = out.split("\nrecommended", 1)[1].split("\n\n", 1)[0]
+    named = re.findall(r"^  (\w+) +(RECOMMENDED\w*) = (\S+)$", section, re.M)
+    assert sorted(c for _, c, _ in named) == constants
+    assert {c: (label, press) for label, c, press in named} == {
+        c: (recommended.LABELS[c], getattr(registry, c)) for c in constants}
+    names_in_section = set(re.findall(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b", section))
+    assert names_in_section & (set(CATALOGUE) | set(PRESSES)) <= {getattr(registry, c) for c in constants}
+    blocks = re.split(r"^  \w+ +RECOMMENDED", section, flags=re.M)[1:]
+    for (_, c, press), block in zip(named, blocks):
+        found = recommended.price_of(press)
+        assert found is not None and f"prefill time {found.cell('prefill')}" in block, c
+        assert f"decode step {found.cell('decode')}" in block and f"prefill peak {found.cell('peak')}" in block
+        row = pd.read_csv(recommended.TEST_TABLE.with_suffix(".csv"), index_col="press").loc[press]
+        assert f"worst q {row['worst']:.3f} ({row['worst_regime'].replace('ruler', 'RULER')})" in block
+        assert "test split, n = " in block
+    counts = registry.counts()
+    assert counts == {"prefill": len(PRESSES), "decoding": len(DECODING_PRESSES)}
+    flat = " ".join(out.split())
+    assert f"{len(PRESSES)} prefill presses" in flat and f"{len(DECODING_PRESSES)} decoding presses" in flat
+    assert "registered presses" not in flat
+
+
+def test_presses_name_describes_every_name_get_press_builds_and_the_aliases(capsys):
+    from evaluation.report import recommended
+    from kvpress_prob.names import registry
+    from kvpress_prob.names.named import NAMED
+
+    for name in [*PRESSES, *NAMED, "prob_lagkv_block8"]:
+        registry.get_press(name, 0.5)  # it builds...
+        cli.main(["presses", name])  # ...so it is described
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0] == name and any(line.startswith("  press:") for line in lines), name
+    for alias, label in recommended.LABELS.items():
+        press = getattr(registry, alias)
+        cli.main(["presses", alias])
+        out = capsys.readouterr().out
+        assert out.startswith(f"{alias} ({label}) = {press}\n")
+        assert f"  recommended: {label} ({alias})" in out and "  quality: worst q " in out
+        assert "prefill time " in out.split("  price:", 1)[1]
 
 
 def test_press_descriptions_come_from_the_press_objects():

@@ -270,7 +270,7 @@ def layer0_positions(model, ids, keys: torch.Tensor) -> list[list[int]]:
 
 def test_streaming_llm_keeps_its_sinks_and_positional_order():
     """8 chunks of 32 at a target of 128: the sink-and-window top-k keeps positions 0-3 and the cache stays
-    sorted. (kvpress's DecodingPress(StreamingLLMPress) loses them: docs/decoding.md.)"""
+    sorted. (kvpress's DecodingPress(StreamingLLMPress) loses them: docs/research/README.md.)"""
     model = tiny_model("llama", layers=1)
     ids = random_ids(128 + 256, seed=7)
     press = get_decoding_press("decode_streaming_llm", 128, 32)

@@ -173,7 +173,7 @@ def expected(prefill_term: torch.Tensor, keep: torch.Tensor, log_weight: torch.T
 @pytest.mark.parametrize("t_pre, t_dec", [(2.0, 1.0), (2.0, 2.0), (0.5, 1.0), (1.0, 1.0)])
 def test_compounding_adds_each_stage_at_its_own_temperature(t_pre, t_dec, monkeypatch):
     """Compounding is stage by stage: bias = log(1/q_prefill) / T_prefill + log(1/q_1) / T_decoding + ...
-    (docs/decoding.md). T_decoding = T_prefill gives the one tempered product (1/(q_prefill q_1))^(1/T);
+    (docs/research/README.md). T_decoding = T_prefill gives the one tempered product (1/(q_prefill q_1))^(1/T);
     all at 1 the documented 1/(q_prefill q_1). Checked against the draws' own log-weights, never the cache's."""
     prefill_lw, keep, lw, bias = first_round_bias(dict(temperature=t_pre), dict(temperature=t_dec), monkeypatch)
     want = expected(prefill_lw / t_pre, keep, lw, t_dec)

@@ -1,4 +1,4 @@
-"""README.md, every docs/*.md page and results/README.md against the repository: every command parses, every path and test exists.
+"""README.md, every page below docs/ (docs/**/*.md) and results/README.md against the repository: every command parses, every path and test exists.
 
 What is read:
 - command lines: the lines of ```bash / ```sh / ```shell blocks (a trailing backslash continues a line,
@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "results" / "README.md"]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), ROOT / "results" / "README.md"]
 # every top-level folder of the repository (results/, tests/, docs/, evaluation/, experiments/, kvpress_prob/, ...)
 TOP = tuple(sorted(f"{p.name}/" for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))
                    and p.name not in ("build", "dist") and not p.name.endswith(".egg-info")))
@@ -221,7 +221,7 @@ def test_the_checker_finds_what_it_should(tmp_path, monkeypatch):
             "kvprob report --results results/new-run\nkvprob run --presses snapkv --ratios 2 --out x\n```\n"
             "See `tests/test_nope.py` and `tests/test_docs.py::test_missing`, `kvprob merge` and\n"
             "`kvprob compare --results results/never-run\n--split test` and [a](../results/gone/).\n"
-            "[b](../README.md#no-such-heading), [c](../README.md#faq)\n"
+            "[b](../README.md#no-such-heading), [c](../README.md#quickstart)\n"
             "`python -m experiments.nope`, `python -m experiments.<study>` in `experiments/nope.py`\n")
     monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: text if self == doc else Path.read_bytes(self).decode())
     found = problems(doc)
@@ -238,7 +238,32 @@ def test_the_checker_finds_what_it_should(tmp_path, monkeypatch):
     assert len(found) == 8, found  # the run's --out folder, reported on next, `kvprob merge` and <study> are fine
 
 
-@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_docs_commands_paths_and_tests_exist(doc):
     found = problems(doc)
     assert not found, "\n".join(found)
+
+
+def test_every_page_below_docs_is_checked():
+    pages = {p for p in (ROOT / "docs").rglob("*.md")}
+    assert pages <= set(DOCS) and any(p.parent != ROOT / "docs" for p in pages)  # the research folder too
+
+
+def test_every_page_below_docs_is_linked_from_the_front_door_or_a_page():
+    """No orphan page: each page below docs/ is linked from README.md or another page."""
+    linked = set()
+    for doc in DOCS:
+        for target in LINK.findall(doc.read_text()):
+            path = (doc.parent / target.split("#")[0]).resolve()
+            if target.split("#")[0] and not target.startswith(("http://", "https://")):
+                linked.add(path)
+    orphans = [str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md") if p.resolve() not in linked]
+    assert not orphans, orphans
+
+
+def test_catalogue_links_name_headings_of_docs_presses():
+    """`kvprob presses` points each family at a section of docs/presses.md: that heading exists."""
+    from kvpress_prob.names.catalogue import FAMILIES
+
+    for family in FAMILIES.values():
+        assert check_anchor(family.docs.removeprefix("docs/"), ROOT / "docs" / "index.md") is None, family.docs

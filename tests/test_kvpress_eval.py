@@ -23,7 +23,8 @@ from kvpress import (
     ThinKPress,
 )
 
-from kvpress_prob.integrations.kvpress_eval import main, press_instances, register
+from kvpress_prob.integrations.kvpress_eval import RECOMMENDATIONS, main, press_instances, register
+from kvpress_prob.names import registry as names_registry
 from kvpress_prob.presses.sampling import SamplingPress
 from kvpress_prob.names.registry import PRESSES
 from tests.conftest import tiny_model
@@ -51,7 +52,9 @@ def test_register_adds_every_missing_name_and_keeps_kvpress_entries():
     registry = kvpress_like_registry()
     before = dict(registry)
     added = register(registry)
-    assert set(added) == set(PRESSES) - set(before)
+    recommended = {getattr(names_registry, c) for c in RECOMMENDATIONS}
+    assert set(added) == (set(dict.keys(PRESSES)) | recommended) - set(before)
+    assert recommended <= set(registry)  # every recommendation, RECOMMENDED_FAST's gate press included
     assert all(registry[name] is press for name, press in before.items())  # kvpress's own left alone
     for name in added:
         press = registry[name]
@@ -59,6 +62,11 @@ def test_register_adds_every_missing_name_and_keeps_kvpress_entries():
         assert press.compression_ratio == 0.0, name
         assert "compression_ratio" in str(press), name
     assert register(registry) == []  # idempotent
+
+
+def test_recommendations_are_the_registrys_constants():
+    constants = sorted(n for n in vars(names_registry) if n.startswith("RECOMMENDED") and n.isupper())
+    assert sorted(RECOMMENDATIONS) == constants
 
 
 def test_register_refuses_silent_clashes_and_bad_input():

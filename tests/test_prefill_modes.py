@@ -1,4 +1,4 @@
-"""How a SamplingPress's prefill holds the cache (kvpress_prob.presses.prefill_modes, docs/prefill-memory.md):
+"""How a SamplingPress's prefill holds the cache (kvpress_prob.presses.prefill_modes, docs/research/README.md):
 per-layer cuts for a per-layer / per-head budget, and the global budget's recompute, deferred and
 offload modes."""
 

@@ -1,4 +1,4 @@
-"""Every results table in README.md and docs/ names its records, and the counts it states are the records' own.
+"""Every results table in README.md and below docs/ names its records, and the counts it states are the records' own.
 
 A *results table* is a markdown table with a measured number in its body (a decimal such as ``0.63`` or a
 percentage such as ``12 %``) outside the first column and outside backticks. Within four lines above or below
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 MEASURED = re.compile(r"\d\.\d|\d ?%")
 PATH = re.compile(r"`(results/[^`\s]+)`")
 COUNT = re.compile(r"(?:(RULER|prose|recall|stream)\S*\s+)?(\d+)\s+(examples|windows|streams)(?:[^;]*?(\d+)\s+cues)?",

@@ -319,13 +319,9 @@ class Prefill:
 
     def _kvzip(self, press: KVzipSampledPress, cache: DynamicCache, tails: dict | None) -> DynamicCache:
         """``press`` entered as the kvpress pipeline enters it, its prefill replaced by ``cache`` (the shared
-        prefill's tensors: what its own prefill would have left) and its tail proposals by ``tails``; on
-        exit it scores (reconstruction passes, or their kept scores) and evicts ``cache``."""
-        with press(self.model):
-            press._context_ids, press._cache = self.context_ids, cache
-            if tails is not None:
-                press._tails.update(tails)
-        return cache
+        prefill's tensors: what its own prefill would have left) and its tail proposals by ``tails``: it
+        scores (reconstruction passes, or their kept scores) and evicts ``cache`` (``press.compress``)."""
+        return press.compress(self.model, cache, self.context_ids, tails)
 
 
 def cache_summary(cache: DynamicCache, press: BasePress | None, n: int) -> tuple[float, int]:

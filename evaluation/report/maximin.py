@@ -1,4 +1,4 @@
-"""The maximin rule of docs/recommendation-rule.md over three regimes (RULER, prose, recall).
+"""The maximin rule of docs/research/recommendation-rule.md over three regimes (RULER, prose, recall).
 
 Each regime's records (RULER: ``score``, higher is better; prose and recall: ``kl``, lower is better)
 become per (press, ratio) means over the examples every press of the regime ran (seeds averaged within

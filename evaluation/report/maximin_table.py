@@ -59,8 +59,8 @@ def interval_tables(frames, table, ratios) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> Path:
-    argv = sys.argv[1:] if argv is None else argv
+def parser() -> argparse.ArgumentParser:
+    """The table's command line (``main``'s; ``evaluation.report.recommended`` reads a committed table's back)."""
     p = argparse.ArgumentParser(prog="python -m evaluation.report.maximin_table", description=__doc__.split("\n")[0])
     p.add_argument("split")
     for regime in ("ruler", "prose", "recall"):
@@ -78,12 +78,23 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("--price", nargs="+", default=[str(price.RECORD.relative_to(price.ROOT))],
                    help="price records (python -m evaluation.bench price; default %(default)s, read from the "
                         "repository root; a press in several takes the first's row); '—' where none prices a press")
-    args = p.parse_args(argv)
+    return p
+
+
+def pool(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
+    """regime -> the records the table's ``args`` name, restricted by ``--only`` / ``--drop``."""
     frames = {r: frame(getattr(args, r)) for r in ("ruler", "prose", "recall")}
     if args.only:
         frames = {r: f[f["press"].isin([*args.only, "full"])] for r, f in frames.items()}
     if args.drop:
         frames = {r: f[~f["press"].isin(args.drop)] for r, f in frames.items()}
+    return frames
+
+
+def main(argv: list[str] | None = None) -> Path:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser().parse_args(argv)
+    frames = pool(args)
     memory = bytes_frames(args.bytes or [], args.only)
     table = maximin(frames, tuple(args.ratios), memory)
     record_path = [price.ROOT / p for p in args.price]
@@ -95,7 +106,7 @@ def main(argv: list[str] | None = None) -> Path:
     examples = {r: f.loc[f["press"] != "full", "example_id"].nunique() for r, f in frames.items()}
     shown = table.drop(columns=[c for c in table.columns if c.count("_") == 2 and c.startswith("q_")])
     shown = shown.join(price.columns(shown.index, record))
-    lines = [f"# The maximin rule of docs/recommendation-rule.md, {args.split} split", "",
+    lines = [f"# The maximin rule of docs/research/recommendation-rule.md, {args.split} split", "",
              "Command: `python -m evaluation.report.maximin_table " + " ".join(argv) + "`", "",
              f"Examples (before keeping those every press ran): RULER {examples['ruler']}, prose {examples['prose']} "
              f"windows, recall {examples['recall']} windows; ratios {args.ratios}. q = 1 is the regime's best press "

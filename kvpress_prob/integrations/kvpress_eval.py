@@ -30,7 +30,20 @@ from typing import Iterable, MutableMapping
 
 from kvpress import BasePress
 
+from kvpress_prob.names import registry
 from kvpress_prob.names.registry import PRESSES, get_press
+
+#: The registry's recommendations (``RECOMMENDED``, ``RECOMMENDED_FAST``, ``RECOMMENDED_PROSE``,
+#: ``RECOMMENDED_RETRIEVAL``).
+RECOMMENDATIONS = ("RECOMMENDED", "RECOMMENDED_FAST", "RECOMMENDED_PROSE", "RECOMMENDED_RETRIEVAL")
+
+
+def default_names() -> list[str]:
+    """Every shipped prefill press (``PRESSES``), then each recommended press ``PRESSES`` does not list
+    (``RECOMMENDED_FAST``'s gate press is built by name only: the catalogue's sweeps run on random models,
+    which have no trained gate)."""
+    names = list(dict.keys(PRESSES))
+    return names + [p for p in dict.fromkeys(getattr(registry, c) for c in RECOMMENDATIONS) if p not in names]
 
 
 def _settable_fields(press: BasePress) -> set[str]:
@@ -43,7 +56,7 @@ def press_instances(names: Iterable[str] | None = None, prefix: str = "", **over
     """``{prefix + name: press}`` for our registry ``names`` (default: all), each at compression
     ratio 0 with ``overrides`` applied to the presses that have those fields (``seed=1``; a field
     of the sampler or the proposal, e.g. ``chunk_size=256``, as ``get_press`` takes it)."""
-    names = list(PRESSES) if names is None else list(names)
+    names = default_names() if names is None else list(names)
     unknown = [n for n in names if n not in PRESSES]
     if unknown:
         raise ValueError(f"unknown press(es) {unknown}; valid names: {', '.join(sorted(PRESSES))}")
@@ -74,7 +87,8 @@ def register(
     press_registry : dict
         kvpress's ``evaluate_registry.PRESS_REGISTRY`` (name -> press instance or None).
     names : iterable of str, optional
-        Our registry names to add. Default: every name kvpress does not already have (kvpress's
+        Our registry names to add. Default: every name of ``default_names()`` (the shipped presses and the
+        four recommendations) that kvpress does not already have (kvpress's
         own ``snapkv``, ``tova``, ``knorm``, ``streaming_llm``, ``adakv_snapkv`` are the same
         presses, so they are left as they are).
     prefix : str, default ""

@@ -1,10 +1,10 @@
 """What ships: the presses that ``PRESSES`` holds and ``kvprob presses`` lists, each with its origin
 (``kvpress``, ``paper``, ``ours``), its family and a one-word status.
 
-Statuses: ``recommended`` (chosen on the development splits), ``measured`` (decoded on a split and kept as a
-design a user may want), ``dropped`` (a family whose names no longer ship; they still build by name). A
-family's status applies to its names unless ``STATUS`` names one. The findings behind each family, with
-their numbers, are in the document named by ``Family.docs``.
+Statuses: ``measured`` (decoded on a split and kept as a design a user may want), ``dropped`` (a family whose
+names no longer ship; they still build by name). Which presses are recommended is the registry's
+``RECOMMENDED*`` constants alone. The findings behind each family, with their numbers, are in the document named
+by ``Family.docs``.
 
 Any name the grid reads (``kvpress_prob.names.grid``) or ``kvpress_prob.names.named`` lists builds through
 ``get_press``, shipped or not, so a record that names a dropped press stays reproducible.
@@ -143,12 +143,6 @@ NAMED_SHIPPED: dict[str, str] = {
     **{f"topk_kvzip_{a}": "top-k twins" for a in ("ragged", "widest", "ragged_fit")},
 }
 
-#: Per-name statuses, where a name differs from its family's.
-STATUS: dict[str, str] = {name: "recommended" for name in (
-    "topk_keydiff_block8", "topk_kvzip_widest", "topk_kvzip_ragged_fit", "cross_kvzip_block1_a75_mix50_layers",
-    "cross_kvzip_block1_a75_toprest_widest", "cross_kvzip_block1_a50_toprest_widest")}
-
-
 @dataclass(frozen=True)
 class Entry:
     name: str
@@ -175,8 +169,8 @@ def entries() -> dict[str, Entry]:
     out = {}
     for parts in SHIPPED:
         name, family = press_name(parts), FAMILIES[family_of(parts)]
-        out[name] = Entry(name, parts, family.origin, family.name, STATUS.get(name, family.status))
+        out[name] = Entry(name, parts, family.origin, family.name, family.status)
     for name, family in NAMED_SHIPPED.items():
         fam = FAMILIES[family]
-        out[name] = Entry(name, None, fam.origin, family, STATUS.get(name, fam.status))
+        out[name] = Entry(name, None, fam.origin, family, fam.status)
     return out

@@ -114,6 +114,12 @@ RECOMMENDED_PROSE = "cross_kvzip_block1_a50_toprest_widest"
 RECOMMENDED_RETRIEVAL = "topk_kvzip_widest"
 
 
+def counts() -> dict[str, int]:
+    """How many presses ship: ``prefill`` (``PRESSES``, built by ``get_press``) and ``decoding``
+    (``DECODING_PRESSES``, built by ``get_decoding_press``). ``kvprob presses`` and the README print these."""
+    return {"prefill": len(PRESSES), "decoding": len(DECODING_PRESSES)}
+
+
 def factory(name: str) -> Callable[[float], BasePress]:
     """The factory of a shipped name, or of any name ``get_press`` builds (``parse_name`` refuses the rest)."""
     if name in DECODING_PRESSES:

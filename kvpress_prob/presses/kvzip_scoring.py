@@ -15,6 +15,8 @@ asked to repeat the context. ``BoundedKVzipPress`` is that press, scores and mas
   the context ids, the model's dtype and the scoring fields; its scores sit on the CPU, at most
   ``SCORE_CACHE_BYTES`` over all models (oldest dropped first). ``clear_scores()`` empties it. Weights changed
   in place are not detected: clear it after changing a model's weights;
+- **a public entry**: ``compress(model, cache, context_ids, tails=None)`` scores a context already prefilled
+  into a cache and compresses that cache, as the ``with`` block's exit does after its prefill;
 - **refusals before any pass**: eager attention and a batch of more than one context are refused on entry,
   and so is a second forward inside the ``with`` block (``model.generate``'s first decoding step): KVzip scores
   after the block exits, so decoding inside it would run on the full cache (``GENERATE_ERROR``);
@@ -203,6 +205,20 @@ class BoundedKVzipPress(KVzipPress):
                 yield
             finally:
                 handle.remove()
+
+    def compress(self, model, cache, context_ids: torch.Tensor, tails: dict | None = None):
+        """Score the context ``context_ids`` (1, n), already prefilled into ``cache``, and compress ``cache`` in
+        place, as the press does when its ``with`` block exits after that prefill (kvpress's entry and exit,
+        the scores reused where kept). ``tails``: layer index -> the tail proposal of that layer's prefill, for
+        a press with a ``tail`` (else computed by no one: refused). Returns ``cache``."""
+        check_batch(context_ids)
+        if tails is not None and getattr(self, "tail", None) is None:
+            raise ValueError("tails: this press has no tail proposal")
+        with self(model):
+            self._context_ids, self._cache = context_ids, cache
+            if tails is not None:
+                self._tails.update(tails)
+        return cache
 
     def _perform_kvzip_compression(self, model, tokenizer):
         """Reuse this context's kept scores, else run kvpress's reconstruction passes (batch checked first)."""

@@ -18,7 +18,7 @@ def block_seconds(row: pd.Series) -> float:
     return min(repeats) if isinstance(repeats, list) and repeats else row.get("seconds", float("nan"))
 
 
-#: (what the label names, peak target in K+V above snapkv, time target in snapkv's) of the memory targets (docs/prefill-memory.md)
+#: (what the label names, peak target in K+V above snapkv, time target in snapkv's) of the memory targets (docs/research/README.md)
 #: (None: no time target). KVzip's presses hold the full K+V until scored, by design: nothing beyond it (1.1).
 MODE_TARGETS = {"budget=layer": (0.10, 1.10), "prefill=recompute": (0.10, 2.2), "kvzip": (1.10, None)}
 
@@ -141,7 +141,7 @@ def markdown(rows: pd.DataFrame, check: pd.DataFrame, settings: dict, info: dict
                   f"time in snapkv's (the fastest of {settings.get('repeats') or 0} repeats timed after the measured "
                   "run when repeats > 0, else the measured run). A label's brackets are its overrides: "
                   "`budget=layer` cuts each layer at its hook; `prefill=deferred` / `prefill=recompute` are the global "
-                  "budget's modes (docs/prefill-memory.md).\n",
+                  "budget's modes (docs/research/README.md).\n",
                   common.markdown_table(relative.set_index("press"), float_format="{:.3f}")]
     if len(decode):
         d = pd.DataFrame({"press": decode.press, "B": decode.batch, "n": decode.n_context,

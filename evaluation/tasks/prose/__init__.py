@@ -1,4 +1,4 @@
-"""The prose benchmark: what eviction costs on real text (docs/prose.md).
+"""The prose benchmark: what eviction costs on real text (docs/research/README.md).
 
 Each window of a Paul Graham essay (``evaluation.tasks.prose.essays``: ``n`` context tokens, then ``T``
 scored tokens) is prefilled once with the full cache (``evaluation.engine.Prefill``), every

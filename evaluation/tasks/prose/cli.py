@@ -1,4 +1,4 @@
-"""``kvprob prose run`` / ``kvprob prose report``: the prose benchmark's commands (docs/prose.md).
+"""``kvprob prose run`` / ``kvprob prose report``: the prose benchmark's commands (docs/research/README.md).
 
     kvprob prose run --split dev --context 1024 --presses snapkv prob_min_h --ratios 0.5 0.75 \\
         --seeds 0 1 2 --max-per-essay 2 --out runs/prose-dev-1024

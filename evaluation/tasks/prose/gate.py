@@ -1,4 +1,4 @@
-"""``kvprob train-gate``: Fast KVzip's gates trained on KVzip's scores of development essays (docs/fast-scorer.md).
+"""``kvprob train-gate``: Fast KVzip's gates trained on KVzip's scores of development essays (docs/presses.md).
 
 The contexts are the first ``n`` tokens of the prose development windows (``essays.windows``, dev split only).
 The essays are split by name: the last essays, in name order, until ``heldout`` contexts, are held out; the

@@ -1,4 +1,4 @@
-"""The natural-text recall benchmark (docs/three-regimes.md, docs/protocol.md "Recall split").
+"""The natural-text recall benchmark (docs/research/README.md, docs/protocol.md "Recall split").
 
 A window of a Paul Graham essay (``n`` tokens) is prefilled under the press, query-agnostic, as
 kvpress's pipeline compresses a context alone. Then one of its sentences is cued: a blank line and the

@@ -1,4 +1,4 @@
-"""``kvprob recall run`` / ``kvprob recall report``: the recall benchmark's commands (docs/three-regimes.md).
+"""``kvprob recall run`` / ``kvprob recall report``: the recall benchmark's commands (docs/research/README.md).
 
     kvprob recall run --split dev --presses snapkv prob_min_h --ratios 0.5 0.75 --seeds 0 1 2 \\
         --max-windows 12 --out runs/recall-dev-1024

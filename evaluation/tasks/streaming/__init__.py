@@ -1,4 +1,4 @@
-"""The streaming benchmark (docs/streaming.md): eviction while decoding, scored by the NLL increase and
+"""The streaming benchmark (docs/research/README.md): eviction while decoding, scored by the NLL increase and
 KL against the full cache, token by token (the perplexity protocol of StreamingLLM, H2O and TOVA).
 
 - ``metrics``: per-token NLL and KL(full || compressed) from logits;

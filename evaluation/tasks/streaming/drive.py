@@ -3,7 +3,7 @@ per chunk on the same ``DynamicCache``, ``position_ids`` counting the stream's t
 fewer entries than that: kvpress's pipeline passes the positions the same way), inside
 ``with press(model):`` for the whole stream.
 
-The schedule of a (stream length n, budget, chunk, interval) setting (docs/streaming.md, "Protocol"):
+The schedule of a (stream length n, budget, chunk, interval) setting (docs/research/README.md, "Protocol"):
 
 - prefill: the first ``budget`` tokens in one forward (a DecodingPress leaves a prefill alone, and the
   cache then holds exactly the budget);

@@ -1,6 +1,6 @@
 """Which stream positions a compressed cache holds: each cached key of a layer matched to the nearest key
 of the full cache of the same stream (on layer 0 a key depends only on its token and position, so the
-match is exact up to float rounding). The diagnostic behind docs/streaming.md's kvpress finding:
+match is exact up to float rounding). The diagnostic behind docs/research/README.md's kvpress finding:
 
     python -m evaluation.tasks.streaming.positions --out kvpress-sinks.json
 

@@ -11,7 +11,7 @@ public constructor:
   hitters and half recent entries, as in the H2O paper;
 - ``streaming_llm``: 4 sinks and the most recent entries in positional order (``SinkWindowPress``);
 - ``kvpress_streaming_llm``: kvpress's ``StreamingLLMPress`` (4 sinks) as it runs under DecodingPress,
-  which loses its sinks after the first round (docs/streaming.md); reported as found, not a baseline.
+  which loses its sinks after the first round (docs/research/README.md); reported as found, not a baseline.
 
 The corrected presses (``prob_*`` but ``*_nocorr``) keep one correction-bias value per entry and KV head
 beside its key and value, so they run at ``equal_memory_target`` in the dtypes actually stored: the keys'

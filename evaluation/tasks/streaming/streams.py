@@ -1,4 +1,4 @@
-"""Token streams for the streaming benchmark (docs/streaming.md): the essays of one split of
+"""Token streams for the streaming benchmark (docs/research/README.md): the essays of one split of
 ``evaluation.tasks.prose.essays`` (its split, by essay), cut or joined into streams of ``n`` tokens.
 
 - An essay of at least ``n`` tokens gives ``len // n`` streams of its own, tiling it from its first token.

@@ -1,0 +1,96 @@
+"""The two-step generate pattern of docs/snippets/generate_recommended.py, run as written, and the KVzip presses'
+public ``compress``: the same kept set as the press's own ``with`` block, the context's real positions."""
+
+import re
+import runpy
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from kvpress_prob import RECOMMENDED, RECOMMENDED_RETRIEVAL, get_press
+from kvpress_prob.presses.kvzip_scoring import clear_scores
+from kvpress_prob.presses.sampling import language_model
+from tests.conftest import random_ids, tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
+SNIPPET = ROOT / "docs" / "snippets" / "generate_recommended.py"
+N, Q, NEW = 96, 5, 4
+
+
+def prefilled(model, press, ids):
+    """The cache after prefilling ``ids`` under ``press`` (its scores computed afresh)."""
+    clear_scores()
+    cache = DynamicCache()
+    with torch.no_grad(), press(model):
+        model(input_ids=ids, past_key_values=cache)
+    return cache
+
+
+def greedy(model, cache, question, n, steps):
+    """The reference decode (kvpress's pipeline's): explicit positions from the context's length, argmax."""
+    ids, out, position = question, [], n
+    with torch.no_grad():
+        for _ in range(steps):
+            logits = model(input_ids=ids, past_key_values=cache,
+                           position_ids=torch.arange(position, position + ids.shape[1])[None]).logits[:, -1]
+            position += ids.shape[1]
+            ids = logits.argmax(-1, keepdim=True)
+            out.append(int(ids))
+    return out
+
+
+def test_the_snippet_generates_at_the_contexts_positions_as_the_pipeline_decodes():
+    generate_compressed = runpy.run_path(str(SNIPPET))["generate_compressed"]
+    model = tiny_model("llama")
+    context, question = random_ids(N, seed=1), random_ids(Q, seed=2)
+    seen = []
+    hook = language_model(model).register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append((kwargs.get("position_ids"), kwargs.get("cache_position"))),
+        with_kwargs=True)
+    try:
+        clear_scores()
+        out = generate_compressed(model, context, question, get_press(RECOMMENDED, 0.5), max_new_tokens=NEW,
+                                  do_sample=False)
+    finally:
+        hook.remove()
+    kept = prefilled(model, get_press(RECOMMENDED, 0.5), context).get_seq_length()
+    assert kept < N
+    decoding = [(p.tolist()[0], c.tolist()) for p, c in seen if p is not None]  # the generate forwards
+    assert decoding[0] == (list(range(N, N + Q)), list(range(kept, kept + Q)))
+    assert [d[0] for d in decoding[1:]] == [[N + Q + i] for i in range(NEW - 1)]
+    reference = greedy(model, prefilled(model, get_press(RECOMMENDED, 0.5), context), question, N, NEW)
+    assert out[0, :Q].tolist() == question[0].tolist() and out[0, Q:].tolist() == reference
+
+
+@pytest.mark.parametrize("name", [RECOMMENDED_RETRIEVAL, "topk_kvzip_head"])
+def test_compress_keeps_what_the_presses_own_block_keeps(name):
+    model = tiny_model("qwen3")
+    ids = random_ids(N, seed=3)
+    own = prefilled(model, get_press(name, 0.5), ids)
+    clear_scores()
+    cache = DynamicCache()
+    with torch.no_grad():
+        model(input_ids=ids, past_key_values=cache)  # a plain prefill, then the public method
+    assert get_press(name, 0.5).compress(model, cache, ids) is cache
+    assert [layer.keys.shape for layer in cache.layers] == [layer.keys.shape for layer in own.layers]
+    assert cache.get_seq_length() < N
+    for a, b in zip(cache.layers, own.layers):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
+def test_compress_refuses_bad_input_before_any_pass():
+    model, ids = tiny_model("llama"), random_ids(N, seed=4)
+    with pytest.raises(ValueError, match="batch size 1"):
+        get_press(RECOMMENDED_RETRIEVAL, 0.5).compress(model, DynamicCache(), ids.repeat(2, 1))
+    with pytest.raises(ValueError, match="tails"):
+        get_press(RECOMMENDED_RETRIEVAL, 0.5).compress(model, DynamicCache(), ids, tails={0: torch.ones(1)})
+
+
+def test_the_readme_shows_the_snippet_as_it_is():
+    readme = (ROOT / "README.md").read_text()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "def generate_compressed" in b]
+    if not blocks:
+        pytest.skip("README.md does not show the generate snippet yet")
+    assert blocks[0].strip() == SNIPPET.read_text().strip()
