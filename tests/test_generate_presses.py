@@ -1,14 +1,12 @@
 """Every shipped press under ``with press(model): model.generate(...)``: it decodes on its compressed cache (fewer
-entries per head than the prompt, masked entries not counted) or refuses at the first decoding forward (the KVzip
-presses, which score when the block exits) with ``GENERATE_ERROR``, before decoding anything on the full cache."""
-
-import re
+entries per head than the prompt, masked entries not counted); the KVzip presses score and compress at the first
+decoding forward, before it runs."""
 
 import pytest
 
 from kvpress_prob.names.registry import PRESSES
 from kvpress_prob.presses.h2o import EagerObservedAttentionPress
-from kvpress_prob.presses.kvzip_scoring import GENERATE_ERROR, BoundedKVzipPress
+from kvpress_prob.presses.kvzip_scoring import BoundedKVzipPress
 from kvpress_prob.presses.sampling import language_model
 from tests.conftest import random_ids, tiny_model
 
@@ -51,15 +49,13 @@ def test_generate_decodes_on_the_compressed_cache_or_refuses(name, models):
 
     handle = language_model(model).register_forward_pre_hook(spy, with_kwargs=True)
     try:
-        if isinstance(press, BoundedKVzipPress):
-            with pytest.raises(RuntimeError, match=re.escape(GENERATE_ERROR[:60])):
-                with press(model):
-                    model.generate(random_ids(N, seed=1), max_new_tokens=3, do_sample=False)
-            assert len(seen) == 1  # refused at the first decoding forward's entry (the spy ran before the guard)
+        with press(model):
+            out = model.generate(random_ids(N, seed=1), max_new_tokens=3, do_sample=False)
+        assert out.shape[1] == N + 3
+        if isinstance(press, BoundedKVzipPress):  # scored at the first decoding forward, after the spy saw it
+            assert seen[0] == N and seen[-1] < N, f"{name} decodes on {seen[-1]} entries per head of {N}"
         else:
-            with press(model):
-                out = model.generate(random_ids(N, seed=1), max_new_tokens=3, do_sample=False)
-            assert out.shape[1] == N + 3 and len(seen) == 2
+            assert len(seen) == 2
             assert max(seen) < N, f"{name} decodes on {max(seen)} entries per head of a {N}-token prompt"
     finally:
         handle.remove()

@@ -64,6 +64,33 @@ def test_the_snippet_generates_at_the_contexts_positions_as_the_pipeline_decodes
     assert out[0, :Q].tolist() == question[0].tolist() and out[0, Q:].tolist() == reference
 
 
+def test_generate_under_recommended_compresses_before_decoding_at_the_contexts_positions():
+    model, prompt = tiny_model("llama"), random_ids(N, seed=5)
+    seen, cache = [], DynamicCache()
+
+    def spy(module, args, kwargs):  # registered after the press's hook: sees what the decoding forward runs with
+        if kwargs.get("position_ids") is not None:
+            seen.append((kwargs["position_ids"].tolist()[0], kwargs["past_key_values"].get_seq_length()))
+
+    clear_scores()
+    with get_press(RECOMMENDED, 0.5)(model):
+        hook = language_model(model).register_forward_pre_hook(spy, with_kwargs=True)
+        try:
+            out = model.generate(prompt, past_key_values=cache, max_new_tokens=NEW, do_sample=False)
+        finally:
+            hook.remove()
+    own = prefilled(model, get_press(RECOMMENDED, 0.5), prompt)  # the pipeline's prefill under the press
+    kept = own.get_seq_length()
+    assert kept < N
+    assert [s for s in seen if s[1] > 0] == [([N + i], kept + i) for i in range(NEW - 1)]
+    for layer, reference in zip(cache.layers, own.layers):  # the same kept set, then the decoded tokens
+        n = reference.keys.shape[2]
+        assert torch.equal(layer.keys[:, :, :n], reference.keys) and torch.equal(layer.values[:, :, :n], reference.values)
+    with torch.no_grad():
+        first = model(input_ids=prompt).logits[:, -1].argmax(-1, keepdim=True)  # from the full cache's prefill
+    assert out[0, N:].tolist() == [int(first)] + greedy(model, own, first, N, NEW - 1)
+
+
 @pytest.mark.parametrize("name", [RECOMMENDED_RETRIEVAL, "topk_kvzip_head"])
 def test_compress_keeps_what_the_presses_own_block_keeps(name):
     model = tiny_model("qwen3")
@@ -94,3 +121,13 @@ def test_the_readme_shows_the_snippet_as_it_is():
     if not blocks:
         pytest.skip("README.md does not show the generate snippet yet")
     assert blocks[0].strip() == SNIPPET.read_text().strip()
+
+
+def test_a_forward_on_another_cache_inside_the_block_is_refused():
+    from kvpress_prob.presses.kvzip_scoring import GENERATE_ERROR
+
+    model, ids = tiny_model("llama"), random_ids(N, seed=6)
+    with pytest.raises(RuntimeError, match=re.escape(GENERATE_ERROR[:40])):
+        with torch.no_grad(), get_press(RECOMMENDED_RETRIEVAL, 0.5)(model):
+            model(input_ids=ids, past_key_values=DynamicCache())
+            model(input_ids=ids[:, :1], past_key_values=DynamicCache())

@@ -81,9 +81,9 @@ def test_same_seed_same_set_another_seed_another():
     assert not all(torch.equal(a, b) for a, b in zip(first, other))
 
 
-def test_decodes_after_the_block_and_refuses_generate_inside(tokenizer):
-    """Like every KVzip press: scored when the ``with`` block exits, so decoding runs after it (kvpress's
-    pipeline), and ``generate`` inside the block is refused, not run on the full cache."""
+def test_decodes_after_the_block_and_generate_inside_on_the_compressed_cache(tokenizer):
+    """Like every KVzip press: decoding runs after the block (kvpress's pipeline), and ``generate`` inside the
+    block decodes on the cache compressed at its first decoding step, not on the full cache."""
     model, n = tiny_model("llama"), 96
     ids, question = random_ids(n, seed=23), random_ids(6, seed=24)
     layers = language_model(model).layers
@@ -92,9 +92,10 @@ def test_decodes_after_the_block_and_refuses_generate_inside(tokenizer):
     full = Compressed.take(press_prefill(model, ids, None), layers)
     sampled, reference = generate_batch(model, tokenizer, question, [item, full], n, 8)
     assert isinstance(sampled, str) and isinstance(reference, str)
-    with pytest.raises(RuntimeError, match="scores the context when its `with` block exits"):
-        with press(model):
-            model.generate(ids, max_new_tokens=2, do_sample=False, pad_token_id=2)
+    cache = DynamicCache()
+    with press(model):
+        out = model.generate(ids, past_key_values=cache, max_new_tokens=2, do_sample=False, pad_token_id=2)
+    assert out.shape[1] == n + 2 and cache.get_seq_length() < n
 
 
 def test_refusals():

@@ -15,7 +15,8 @@ from the tail proposal with its correction (``cross_kvzip_block8_a<pct>``).
 
 The reconstruction passes cost two to three prefills. ``BoundedKVzipPress`` (``presses.kvzip_scoring``)
 runs them at bounded memory and keeps their scores per model and context, so that every ratio and seed of
-one context reuses them; it refuses eager attention, a batch and a second forward in the ``with`` block.
+one context reuses them; it refuses eager attention and a batch, and under ``model.generate`` it scores and compresses at the first
+decoding forward.
 """
 
 from __future__ import annotations

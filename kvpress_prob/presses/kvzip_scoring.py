@@ -17,9 +17,11 @@ asked to repeat the context. ``BoundedKVzipPress`` is that press, scores and mas
   in place are not detected: clear it after changing a model's weights;
 - **a public entry**: ``compress(model, cache, context_ids, tails=None)`` scores a context already prefilled
   into a cache and compresses that cache, as the ``with`` block's exit does after its prefill;
-- **refusals before any pass**: eager attention and a batch of more than one context are refused on entry,
-  and so is a second forward inside the ``with`` block (``model.generate``'s first decoding step): KVzip scores
-  after the block exits, so decoding inside it would run on the full cache (``GENERATE_ERROR``);
+- **refusals before any pass**: eager attention and a batch of more than one context are refused on entry;
+- **decoding inside the ``with`` block** (``model.generate``): a forward on the prefill's cache after the prefill
+  first scores the context and compresses that cache (``decode_begins``: the kept set of the block's exit, which
+  then does nothing), and a decoding forward without ``position_ids`` gets the context's real positions (the
+  cache's length after eviction is the kept length). A forward on another cache raises ``GENERATE_ERROR``;
 - kvpress's warning of the reconstruction's cost is printed once per process, not at every construction, and
   the tokenizer kvpress loads at every entry (its chat template; 49 MiB of host memory for the embedded model's)
   is loaded once per process (``tokenizer_of``).
@@ -52,10 +54,9 @@ ATTENTION_BYTES = 64 * 2**20
 #: Most bytes of KVzip scores kept for reuse, over all models (one context's: L x H_kv x n in the model's dtype).
 SCORE_CACHE_BYTES = 256 * 2**20
 
-GENERATE_ERROR = ("a KVzip press scores the context when its `with` block exits, so a second forward inside the "
-                  "block (model.generate's first decoding step) would decode on the full cache: prefill the "
-                  "context under the press, then generate after the block (kvpress's pipeline does), or use a "
-                  "press that compresses inside the prefill")
+GENERATE_ERROR = ("a KVzip press scores the context prefilled by the first forward inside its `with` block; a later "
+                  "forward decodes on that prefill's cache (model.generate does): pass the same past_key_values, or "
+                  "prefill under the press and run other forwards after the block")
 
 
 class _WarnOnce(logging.Filter):
@@ -182,29 +183,62 @@ class BoundedKVzipPress(KVzipPress):
 
     @contextmanager
     def __call__(self, model):
-        """kvpress KVzip's context, refusing eager attention on entry, and at the block's first forward a batch
-        of more than one context; a second forward in the block raises ``GENERATE_ERROR``."""
+        """kvpress KVzip's context, refusing eager attention on entry and, at the block's first forward, a batch
+        of more than one context. A later forward on the prefill's cache (``model.generate``'s first decoding
+        step) first scores and compresses that cache (``decode_begins``); a forward on another cache raises
+        ``GENERATE_ERROR``."""
         implementation = getattr(model.config, "_attn_implementation", None)
         if implementation == "eager":
             raise ValueError("attn_implementation 'eager' is not supported by KVzip presses (kvpress's KVzip masks "
                              "and our evictions decode through the attention interface): load the model with "
                              "attn_implementation='sdpa' or 'flash_attention_2'")
-        seen = []
+        state = {"context": None, "scoring": False, "shift": None}  # shift: context length - kept length
 
         def guard(module, args, kwargs):
-            if seen:
-                raise RuntimeError(GENERATE_ERROR)
+            if state["scoring"]:  # the reconstruction passes
+                return None
             ids = kwargs.get("input_ids", args[0] if args else None)
-            if ids is not None:
-                check_batch(ids)
-            seen.append(True)
+            if state["context"] is None:
+                if ids is not None:
+                    check_batch(ids)
+                state["context"] = (ids, kwargs.get("past_key_values"))
+                return None
+            if state["shift"] is None:
+                context, cache = state["context"]
+                if cache is None or kwargs.get("past_key_values") is not cache or context is None:
+                    raise RuntimeError(GENERATE_ERROR)
+                state["scoring"] = True
+                try:
+                    state["shift"] = context.shape[1] - self.decode_begins(model, cache, context)
+                finally:
+                    state["scoring"] = False
+            if kwargs.get("position_ids") is None:  # the new tokens take the context's positions
+                cache, q = kwargs["past_key_values"], (ids if ids is not None else kwargs["inputs_embeds"]).shape[1]
+                start = cache.get_seq_length() + state["shift"]
+                kwargs["position_ids"] = torch.arange(start, start + q, device=cache.layers[0].keys.device)[None]
+            return args, kwargs
 
+        self._scored_in_block = False
         with _tokenizer_loaded_once(), super().__call__(model):
             handle = language_model(model).register_forward_pre_hook(guard, with_kwargs=True)
             try:
                 yield
             finally:
                 handle.remove()
+        self._scored_in_block = False
+
+    @torch.no_grad()
+    def decode_begins(self, model, cache, context_ids: torch.Tensor) -> int:
+        """Score ``context_ids`` and compress ``cache`` (which holds their prefill) inside the ``with`` block, when
+        a forward on that cache begins decoding: what the block's exit would do, which then does nothing.
+        Returns the kept length (``cache.get_seq_length()``)."""
+        if self.compression_ratio > 0:
+            for layer in language_model(model).layers:
+                layer.self_attn.rotary_emb = language_model(model).rotary_emb  # as kvpress's exit sets it
+            self._context_ids, self._cache = context_ids, cache
+            self._perform_kvzip_compression(model, tokenizer_of(model))
+        self._scored_in_block = True
+        return cache.get_seq_length()
 
     def compress(self, model, cache, context_ids: torch.Tensor, tails: dict | None = None):
         """Score the context ``context_ids`` (1, n), already prefilled into ``cache``, and compress ``cache`` in
@@ -221,7 +255,10 @@ class BoundedKVzipPress(KVzipPress):
         return cache
 
     def _perform_kvzip_compression(self, model, tokenizer):
-        """Reuse this context's kept scores, else run kvpress's reconstruction passes (batch checked first)."""
+        """Reuse this context's kept scores, else run kvpress's reconstruction passes (batch checked first);
+        nothing on the block's exit where decoding inside it already compressed the cache."""
+        if getattr(self, "_scored_in_block", False):
+            return
         check_batch(self._context_ids)
         kept = SCORES.get(model, self.score_key(model))
         if kept is not None:
