@@ -9,6 +9,7 @@ from kvpress_prob.samplers import TopKSampler
 from kvpress_prob.samplers.base import whole_counts
 from kvpress_prob.samplers.cross import CrossStratifiedSampler
 from kvpress_prob.samplers.mixture import MixtureSampler
+from tests.test_fast_paths import brute_fit
 
 
 def kvpress_count(n: int, r: float) -> int:
@@ -55,9 +56,15 @@ def test_pair_samplers_keep_kvpress_count(r):
 @pytest.mark.parametrize("r", RATIOS)
 def test_widest_fits_kvpress_bytes(r):
     L, H, n = 4, 3, 1000
-    scores = torch.rand(L, 1, H, n, generator=torch.Generator().manual_seed(3))
-    _, widths = widest_fit(scores, r)
+    scores = torch.rand(L, 1, H, n, generator=torch.Generator().manual_seed(3), dtype=torch.float64)  # distinct
+    k, widths = widest_fit(scores, r)
+    assert (k, widths.tolist()) == brute_fit(scores, r)  # the widths of an independent brute force, not a bound
     assert int(widths.sum()) <= L * kvpress_count(n, r)
+
+
+def test_the_width_check_rejects_all_ones_widths():
+    scores = torch.rand(4, 1, 3, 1000, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    assert brute_fit(scores, 0.5)[1] != [1] * 4  # all-ones widths fit the bytes, and fail the check above
 
 
 def test_whole_counts_meets_the_group_total_from_a_solver_below_it():

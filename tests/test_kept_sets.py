@@ -4,8 +4,8 @@ The snapshot (tests/kept_snapshot.py, its docstring says how) holds, for every n
 commit 7ab10c4 and every prefill press named under results/, the kept set of each head of each layer at
 r = 0.25, 0.5 and 0.75 on a tiny random float32 Llama, seed 0. Here each is recomputed and compared head by
 head, except the heads recorded as tied (their kept set changed under a 1e-3 perturbation of the weights,
-so rounding decides them). A head that differs is also left out when it is tied on this machine, under the
-same 1e-3 perturbation: a global budget moves a block between heads on one score's rounding, and the
+so rounding decides them). A head that differs is also left out when it is tied on this machine, under a
+1e-4 perturbation (a tenth of the recording's): a global budget moves a block between heads on one score's rounding, and the
 perturbation that flags it on one machine may leave it on another. kvpress's ``h2o`` runs on eager attention
 (recorded). The names that did not build at that commit must still be refused.
 """
@@ -28,12 +28,15 @@ def models():
 
 
 _PERTURBED: dict = {}
+#: The perturbation that excuses a head here: a tenth of the recording's, so that only a head whose kept set hangs
+#: on scores within about 1e-4 of each other is excused (float32 rounding moves a score by about 1e-6 of its size).
+EPS_HERE = ks.EPS / 10
 
 
 def tied_here(attn: str, name: str, ratio: float, mask: torch.Tensor, ids) -> set[tuple[int, int]]:
-    """The (layer, head) pairs whose kept set here changes when the weights are scaled by 1 +- 1e-3 x noise."""
+    """The (layer, head) pairs whose kept set here changes when the weights are scaled by 1 +- EPS_HERE x noise."""
     tied = set()
-    for scale in (ks.EPS, -ks.EPS):
+    for scale in (EPS_HERE, -EPS_HERE):
         net = _PERTURBED.setdefault((attn, scale), ks.tiny(attn, scale))
         other, _ = ks.kept(net, ks.build(name, ratio), ids)
         tied |= {(l, h) for l in range(mask.shape[0]) for h in range(mask.shape[1])
@@ -41,12 +44,13 @@ def tied_here(attn: str, name: str, ratio: float, mask: torch.Tensor, ids) -> se
     return tied
 
 
-# Presses added after the snapshot's commit, with records since: their own tests check what they keep.
-SINCE = {"cross_kvzip_block1_a75_widest": "tests/test_widest_cross.py",
-         "cross_kvzip_block1_a90_widest": "tests/test_widest_cross.py",
-         "cross_kvzip_block1_a90_widest_nocorr": "tests/test_widest_cross.py",
-         "cross_kvzip_block1_a50_toprest_widest": "tests/test_widest_cross.py",
-         "cross_kvzip_block1_a75_toprest_widest": "tests/test_widest_cross.py",
+# Presses added after the snapshot's commit, with records since: their own tests check what they keep (the KVzip
+# presses: every one against tests/data/kvzip-kept-facf533.json, the recommendations included).
+SINCE = {"cross_kvzip_block1_a75_widest": "tests/test_kvzip_kept.py",
+         "cross_kvzip_block1_a90_widest": "tests/test_kvzip_kept.py",
+         "cross_kvzip_block1_a90_widest_nocorr": "tests/test_kvzip_kept.py",
+         "cross_kvzip_block1_a50_toprest_widest": "tests/test_kvzip_kept.py",
+         "cross_kvzip_block1_a75_toprest_widest": "tests/test_kvzip_kept.py",
          "topk_gate_widest": "tests/test_gate.py"}
 
 
@@ -57,8 +61,10 @@ def test_the_snapshot_covers_the_catalogue_and_the_records():
     named = {n for n in ks.record_names() if n != "full" and not n.startswith(("decode_", "prob_decode_"))}
     assert named - set(SINCE) <= set(SNAPSHOT["presses"]) | set(SNAPSHOT["unbuildable"])
     root = Path(__file__).resolve().parents[1]
+    kvzip = json.loads((root / "tests" / "data" / "kvzip-kept-facf533.json").read_text())["fixtures"]
     for name, test in SINCE.items():
         assert name not in SNAPSHOT["presses"] and (root / test).exists() and ks.build(name, 0.5) is not None
+        assert test != "tests/test_kvzip_kept.py" or all(name in f["presses"] for f in kvzip.values())
 
 
 @pytest.mark.parametrize("name", sorted(SNAPSHOT["presses"]))
@@ -78,7 +84,7 @@ def test_same_kept_set(models, name):
             compared[layer, head] = False
         total += int(compared.sum())
         differ = [(l, h) for l, h in compared.nonzero().tolist() if not torch.equal(mask[l, h], expected[l, h])]
-        if differ:
+        if differ:  # excused here only where a 1e-4 perturbation moves the head
             tied = tied_here(entry["attn"], name, ratio, mask, ids)
             differ = [pair for pair in differ if pair not in tied]
         assert not differ, f"{name} at r = {ratio}: kept sets differ in (layer, head) {differ}"

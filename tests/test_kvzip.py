@@ -8,7 +8,7 @@ from kvpress import KVzipPress
 from evaluation.engine import cache_summary, press_prefill
 from kvpress_prob.presses import kvzip_scoring
 from kvpress_prob.presses.kvzip import KVzipSampledPress
-from kvpress_prob.names.registry import get_press
+from kvpress_prob.names.registry import RECOMMENDED, RECOMMENDED_PROSE, get_press
 from tests.conftest import random_ids, tiny_model
 
 N = 64  # context tokens of every prefill here
@@ -117,10 +117,10 @@ def test_allocation_over_layers_holds_at_most_kvpress_bytes_without_padding(pref
 
 
 @pytest.mark.parametrize("name", ["topk_kvzip_widest", "topk_kvzip_ragged_fit", "prob_kvzip_priority_head",
-                                  "cross_kvzip_block1_a75_mix50_layers"])
+                                  "cross_kvzip_block1_a75_mix50_layers", RECOMMENDED, RECOMMENDED_PROSE])
 def test_the_shared_prefill_compresses_a_kvzip_press_as_its_own_prefill_does(name):
     """``Prefill.compress`` of a KVzip press (no prefill of its own: the shared cache, the tail proposal from the
-    shared hooks) leaves the same keys, values and correction bias as a prefill under the press, each computing
+    shared hooks; the recommendations' tail + widest path included) leaves the same keys, values and correction bias as a prefill under the press, each computing
     KVzip's scores afresh."""
     from evaluation.engine import Prefill
     from evaluation.engine.prefill import plan
@@ -129,7 +129,7 @@ def test_the_shared_prefill_compresses_a_kvzip_press_as_its_own_prefill_does(nam
 
     model, ids = tiny_model("qwen3"), random_ids(N, seed=3)
     modules = [layer.self_attn for layer in language_model(model).layers]
-    seed = {} if name.startswith("topk_kvzip") else {"seed": 1}  # a top-k press refuses a seed it would ignore
+    seed = {"seed": 1} if get_press(name, 0.5).sampler.random else {}  # a top-k press refuses a seed it would ignore
     assert plan(model, get_press(name, 0.5, **seed), N).kind == "kvzip"
     for ratio in (0.25, 0.75):
         kvzip_scoring.clear_scores()

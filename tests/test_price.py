@@ -6,9 +6,9 @@ import json
 import pandas as pd
 import pytest
 import torch
-from kvpress.presses.kvzip_press import KVzipPress
 
 from evaluation.bench.speed import price as bench
+from evaluation.bench.speed.parts import PARTS
 from evaluation.bench.speed.route import route, routes
 from evaluation.engine import press_prefill
 from evaluation.report import price
@@ -101,34 +101,56 @@ def test_the_spy_names_the_function_that_decodes():
     assert route(model, _step(model, plain, n + 1)) == "sdpa"  # the spies are gone: nothing left behind
 
 
-def test_the_bench_command_on_a_tiny_model(tmp_path, tokenizer, monkeypatch):
-    """Three presses, two rounds, on a saved tiny model: one row per press, snapkv's ratios 1, each median
-    within its range, and KVzip's reconstruction pass paid in every round (fresh scores)."""
-    folder = tmp_path / "tiny"
-    tiny_model("llama").save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    replays = []
-    original = KVzipPress._perform_kvzip_compression
-    monkeypatch.setattr(KVzipPress, "_perform_kvzip_compression",
-                        lambda self, *a: (replays.append(1), original(self, *a))[1])
-    from evaluation.bench.__main__ import main
-
-    main(["price", "--model", str(folder), "--length", "96", "--repeats", "2", "--decode-steps", "2",
-          "--warmup-steps", "1", "--presses", "topk_kvzip_widest", "prob_snapkv", "--out", str(tmp_path / "out")])
-    assert len(replays) == 2
-    record = price.load(tmp_path / "out" / "price.jsonl")
-    assert list(record.index) == ["snapkv", "topk_kvzip_widest", "prob_snapkv"]
-    assert (record.rounds == 2).all() and (record.n == 96).all()
+def test_rounds_on_a_tiny_model():
+    """Three presses and kvpress's own KVzipPress, two rounds (in this process: ``run_here``): snapkv's ratios 1,
+    each median within its range, KVzip's reconstruction and scoring paid in every round (fresh scores), and the
+    parts adding up to the prefill."""
+    model, ids = tiny_model("llama"), random_ids(96, seed=3)
+    raw = bench.run_here(model, ids, ["snapkv", "topk_kvzip_widest", "prob_snapkv", "kvpress_kvzip"], 0.5, 2, 2, 1)
+    record = bench.summarise(raw, {"n": 96}).set_index("press")
+    assert list(record.index) == ["snapkv", "topk_kvzip_widest", "prob_snapkv", "kvpress_kvzip"]
+    assert (record.rounds == 2).all()
     for figure in price.COLUMNS:
         assert (record.loc["snapkv", [f"{figure}_over_snapkv{e}" for e in ("", "_lo", "_hi")]] == 1.0).all()
         assert (record[f"{figure}_over_snapkv_lo"] <= record[f"{figure}_over_snapkv"]).all()
         assert (record[f"{figure}_over_snapkv"] <= record[f"{figure}_over_snapkv_hi"]).all()
     assert record.loc["snapkv", "decode_route"] == "sdpa"
     assert record.loc["prob_snapkv", "decode_route"] == "corrected sdpa"
-    assert record.loc["snapkv", "kept_length"] == 48
-    raw = pd.read_json(tmp_path / "out" / "price-raw.jsonl", lines=True)
-    assert len(raw) == 6 and set(raw["round"]) == {0, 1}
-    assert "decode route" in (tmp_path / "out" / "price.md").read_text()
+    assert record.loc["kvpress_kvzip", "decode_route"] == "sdpa + kvpress masks"  # kvpress's masking, as shipped
+    assert record.loc["snapkv", "kept_length"] == 48 and record.loc["kvpress_kvzip", "kept_length"] == 96
+    assert len(raw) == 8 and set(raw["round"]) == {0, 1}
+    for press in ("topk_kvzip_widest", "kvpress_kvzip"):
+        rows = raw[raw.press == press]
+        assert (rows.reconstruction_s > 0).all() and (rows.scoring_s > 0).all() and (rows.allocation_s > 0).all()
+    snapkv = raw[raw.press == "snapkv"]
+    assert (snapkv[["reconstruction_s", "scoring_s", "proposal_s", "allocation_s"]] == 0).all().all()
+    assert (raw[raw.press == "prob_snapkv"].proposal_s == 0).all()  # a SamplingPress's proposal is in its hooks
+    parts = raw[[f"{p}_s" for p in PARTS]].sum(axis=1)
+    assert ((parts - raw.prefill_s).abs() < 1e-6).all()
+    assert (raw[[f"{p}_s" for p in PARTS if p != "other"]] >= 0).all().all()
+    assert raw.loadavg_before.notna().all() and raw.loadavg_after.notna().all()
+    text = bench.markdown(record.reset_index().assign(device="cpu", ratio=0.5, command="c", model="m", dtype="d",
+                                                      threads=1, decode_steps=2, elapsed_s=1.0, loadavg_start="[1.0]",
+                                                      loadavg="[1.0]"), raw)
+    assert "Where the prefill's time goes" in text and "load average" in text
+
+
+def test_the_bench_command_runs_each_press_in_a_fresh_process(tmp_path, tokenizer, monkeypatch):
+    """The command end to end on a saved tiny model, one round: the press runs in a child process (a press that
+    ran here would count in ``calls``), large blocks unmapped when freed there."""
+    folder = tmp_path / "tiny"
+    tiny_model("llama").save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    calls = []
+    monkeypatch.setattr(bench, "price_row", lambda *a, **k: calls.append(a))
+    from evaluation.bench.__main__ import main
+
+    main(["price", "--model", str(folder), "--length", "96", "--repeats", "1", "--decode-steps", "2",
+          "--warmup-steps", "1", "--presses", "snapkv", "--out", str(tmp_path / "out")])
+    assert not calls
+    record = price.load(tmp_path / "out" / "price.jsonl")
+    assert list(record.index) == ["snapkv"] and record.loc["snapkv", "kept_length"] == 48
+    assert "MALLOC_MMAP_THRESHOLD_" in (tmp_path / "out" / "price.md").read_text()
 
 
 def test_the_maximin_table_shows_the_price_columns(record, tmp_path):

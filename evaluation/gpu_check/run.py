@@ -134,8 +134,8 @@ def main(argv=None) -> dict:
                 meta = {"model": name, "device": report["device"], "dtype": str(model.dtype),
                         "threads": torch.get_num_threads(), "n": n, "ratio": args.ratio, "decode_steps": args.decode_steps,
                         "command": "kvprob gpu-check " + shlex.join(argv), "loadavg": None}
-                raw = price.run(model, ids, ["snapkv", RECOMMENDED], args.ratio, PRICE_ROUNDS.get(n, 2),
-                                args.decode_steps, 2, log=lambda line: print(f"[gpu-check] {name} n={n} {line}", flush=True))
+                raw = price.run_here(model, ids, ["snapkv", RECOMMENDED], args.ratio, PRICE_ROUNDS.get(n, 2),
+                                     args.decode_steps, 2, log=lambda line: print(f"[gpu-check] {name} n={n} {line}", flush=True))
                 rows["price"] += price.summarise(raw, meta | {"elapsed_s": time.time() - began}).assign(
                     kv_full_bytes=kv).to_dict(orient="records")
             caches, snapkv_peak = {}, None

@@ -60,16 +60,16 @@ def widest_fit(scores: torch.Tensor, ratio: float) -> tuple[int, torch.Tensor]:
         raise ValueError(f"ratio {ratio} at context length {n} leaves {budget} slots per head for {L} layers, "
                          f"below one entry per layer: ratio must be in [0, 1)")
 
-    def width(k: int) -> torch.Tensor:
-        return top_counts(scores, k).amax(dim=1).clamp(min=1)
-
-    lo, hi = 0, L * H * n  # width(lo) fits (every width is 1 <= n), find the largest k that fits
-    if int(width(hi).sum()) <= budget:
-        return hi, width(hi)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if int(width(mid).sum()) <= budget else (lo, mid)
-    return lo, width(lo)
+    # one sort: the entries in descending order (ties by index); pos[l, h, w] is the place in that order of
+    # head h's (w + 1)-th entry, first[l, w] the place at which layer l's width reaches w + 1
+    order = scores.reshape(-1).argsort(descending=True, stable=True)
+    pos = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
+    first = pos.view(L, H, n).sort(dim=-1).values.amin(dim=1)  # (L, n), increasing in w
+    # the top k's footprint is L (every width at least 1) plus the widenings beyond 1 placed before k: the
+    # largest k that fits stops at the (budget - L + 1)-th widening
+    widenings = first[:, 1:].reshape(-1).sort().values
+    k = L * H * n if widenings.numel() <= budget - L else int(widenings[budget - L])
+    return k, 1 + (first[:, 1:] < k).sum(dim=1)
 
 
 def allocation_keep(scores: torch.Tensor, ratio: float, allocation: str) -> torch.Tensor:

@@ -106,8 +106,13 @@ class KVzipSampledPress(BoundedKVzipPress):
 
     def unused_fields(self) -> set[str]:
         """The fields this press ignores, whose overrides ``get_press`` refuses: ``layerwise``, ``budget`` under
-        ``layers`` or ``widest`` (every head keeps its layer's count), ``seed`` under a deterministic sampler."""
-        return {"layerwise"} | ({"budget"} if self.allocated else set()) | (set() if self.sampler.random else {"seed"})
+        ``layers`` or ``widest`` (every head keeps its layer's count); under a deterministic sampler ``seed``,
+        ``correct`` (every kept entry weighs 1) and, where each head keeps its own count (``budget`` "head", or
+        an allocation), ``floor`` (the uniform mixture does not reorder a head's scores)."""
+        unused = {"layerwise"} | ({"budget"} if self.allocated else set())
+        if not self.sampler.random:
+            unused |= {"seed", "correct"} | ({"floor"} if self.allocated or self.budget == "head" else set())
+        return unused
 
     def layer_counts(self, scores: torch.Tensor) -> list[int]:
         """Per layer, the entries each head keeps under KVzip's allocation (``layers``): the layer's share of

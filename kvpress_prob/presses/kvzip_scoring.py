@@ -291,9 +291,11 @@ class BoundedKVzipPress(KVzipPress):
         cos, sin = kwargs["position_embeddings"]
         queries = get_prerope_query_states(module, hidden_states)  # (b, H_q, q, d)
         queries = (queries * cos.unsqueeze(1)) + (rotate_half(queries) * sin.unsqueeze(1))
-        queries = queries.view(b, h_kv, groups, q_len, d)
+        # scaled once (not the logits), each row's query group adjacent: (b, H_kv, q, G, d)
+        queries = queries.mul_(1 / math.sqrt(d)).view(b, h_kv, groups, q_len, d).transpose(2, 3).contiguous()
+        # the keys the rows see, contiguous once per layer: the sinks, the chunk, the reconstruction tokens
         chosen = [keys[:, :, :sink], keys[:, :, self.start_idx : self.end_idx], keys[:, :, -q_len:]]
-        keys_t = torch.cat(chosen, dim=2).unsqueeze(2).transpose(-2, -1)  # (b, H_kv, 1, d, m)
+        keys_t = torch.cat(chosen, dim=2).transpose(-2, -1)  # (b, H_kv, d, m), a view of (b, H_kv, m, d)
         m = keys_t.shape[-1]  # sink + ctx_len + q_len
         if self.kvzip_plus_normalization:
             h_norm = hidden_states.norm(dim=-1)  # (b, q)
@@ -305,16 +307,18 @@ class BoundedKVzipPress(KVzipPress):
         scores = None
         for start in range(0, q_len, rows):
             stop = min(q_len, start + rows)
-            logits = torch.matmul(queries[..., start:stop, :], keys_t).div_(math.sqrt(d))  # (b, H_kv, G, rows, m)
+            # the query group folded into the rows: one (G rows, d) x (d, m) product per KV head, keys not copied
+            block = queries[:, :, start:stop].view(b, h_kv, (stop - start) * groups, d)
+            logits = torch.matmul(block, keys_t).view(b, h_kv, stop - start, groups, m)  # (b, H_kv, rows, G, m)
             # query row i (of q_len) sees the reconstruction tokens j <= i (the last q_len keys)
-            future = torch.arange(q_len, device=logits.device)[None, :] > torch.arange(start, stop, device=logits.device)[:, None]
+            future = torch.arange(q_len, device=logits.device)[None, None, :] > torch.arange(start, stop, device=logits.device)[:, None, None]
             logits[..., -q_len:].masked_fill_(future, torch.finfo(logits.dtype).min)
             weights = torch.softmax(logits, dim=-1)
             del logits
             if self.kvzip_plus_normalization:
-                weights.mul_((1 / h_norm[:, None, None, start:stop, None]).to(weights.dtype))
-                weights.mul_(wov_norm[:, :, :, None, :].to(weights.dtype))
-            block = weights[..., sink : sink + ctx_len].amax(dim=(-3, -2))  # (b, H_kv, ctx_len): max over group, rows
+                weights.mul_((1 / h_norm[:, None, start:stop, None, None]).to(weights.dtype))
+                weights.mul_(wov_norm[:, :, None, :, :].to(weights.dtype))
+            block = weights[..., sink : sink + ctx_len].amax(dim=(-3, -2))  # (b, H_kv, ctx_len): max over rows, group
             scores = block if scores is None else torch.maximum(scores, block)
             del weights
         self.score_val[int(module.layer_idx)][..., self.start_idx : self.end_idx] = scores

@@ -100,12 +100,14 @@ def attention_mass(
 
     queries (b, H_q, s, d) with RoPE, the queries of the positions ``rows`` (s,) (increasing), keys
     (b, H_kv, n, d), h (s,). Row r sees keys 0..rows[r]. Never more than one (b, H_q, chunk_size, n)
-    float32 buffer of scores in memory at once (exponentiated in place).
+    float32 buffer of scores in memory at once (exponentiated in place). The queries are scaled once (not the
+    scores), and only a chunk's diagonal block, the keys after its first row, is masked.
     """
     b, hq, s, d = queries.shape
     hkv, n = keys.shape[1], keys.shape[2]
     g = hq // hkv
     k = keys.float().transpose(2, 3)  # (b, H_kv, d, n)
+    queries = queries.float() * scaling  # (b, H_q, s, d)
     mass = torch.zeros(b, hkv, g, 1, n, device=keys.device, dtype=torch.float32)
     positions = torch.arange(n, device=keys.device)
     rows = rows.to(keys.device)
@@ -115,9 +117,10 @@ def attention_mass(
         for lo in range(0, s, chunk_size):
             hi = min(s, lo + chunk_size)
             top = ends[hi - 1]  # rows lo..hi-1 see keys 0..top-1 at most (causal)
-            q = queries[:, :, lo:hi].float().reshape(b, hkv, g * (hi - lo), d)  # query heads of a group stacked
-            e = torch.matmul(q, k[..., :top]).mul_(scaling).view(b, hkv, g, hi - lo, top)  # (b, H_kv, g, c, top)
-            e.masked_fill_(positions[None, :top] > rows[lo:hi, None], float("-inf"))
+            q = queries[:, :, lo:hi].reshape(b, hkv, g * (hi - lo), d)  # query heads of a group stacked
+            e = torch.matmul(q, k[..., :top]).view(b, hkv, g, hi - lo, top)  # (b, H_kv, g, c, top)
+            first = ends[lo]  # every row of the chunk sees keys 0..first-1: only the keys after are masked
+            e[..., first:top].masked_fill_(positions[None, first:top] > rows[lo:hi, None], float("-inf"))
             e.sub_(e.amax(dim=-1, keepdim=True)).exp_()  # softmax numerators, in place
             w = h[lo:hi] / e.sum(dim=-1)  # (b, H_kv, g, c): h_r / softmax denominator
             mass[..., :top] += torch.matmul(w[..., None, :], e)  # (b, H_kv, g, 1, top)

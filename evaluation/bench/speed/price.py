@@ -1,18 +1,21 @@
 """The price of each press against snapkv's, side by side in one run: prefill time, prefill peak memory,
-decode step time at the kept length, and the attention function the decode runs.
+decode step time at the kept length, the attention function the decode runs, and where a prefill's time goes.
 
 ``python -m evaluation.bench price [--length 4096] [--ratio 0.5] [--repeats 3] [--presses ...] [--threads 1]``
 
-One context (a RULER context cut to ``--length`` tokens), an untimed full-cache prefill and two decoding
-steps first (the process's first ones pay one-time costs), then ``--repeats`` rounds. In each round every press
-is prefilled once, in an order rotated every round (so drift in the machine's load hits every press
-alike), under the press as the kvpress pipeline runs it (``engine.press_prefill``, eviction included),
-timed, with its peak memory above what the process held before (``common.PeakMemory``: the resident
-set's high-water mark on a CPU, ``max_memory_allocated`` on CUDA). KVzip's scores are forgotten before
-every prefill, so each KVzip prefill pays its reconstruction pass on a fresh context. Then the round's
-caches decode the same tokens in lockstep (step i of every press, in an order rotated every step), one
-token a step after ``--warmup-steps`` untimed ones: each press's cache at its own kept length. The first
-warm-up step of each press runs under the route spy (``route``): which attention function decoded it.
+One context (a RULER context cut to ``--length`` tokens), ``--repeats`` rounds. In each round every press is
+measured once, in an order rotated every round (so drift in the machine's load hits every press alike), each
+in a fresh process (``evaluation.bench.speed.price_one``) with ``MALLOC_MMAP_THRESHOLD_`` = 65536, so that
+its peak does not depend on what ran before it: the process pays its one-time costs on a short untimed
+prefill, then prefills under the press as the kvpress pipeline runs it (``engine.press_prefill``, eviction
+included), timed, with its peak memory above what the process held before (``common.PeakMemory``: the
+resident set's high-water mark on a CPU, ``max_memory_allocated`` on CUDA) and its parts (plain prefill,
+KVzip's reconstruction forwards, scoring, proposal, allocation: ``evaluation.bench.speed.parts``), then
+decodes ``--warmup-steps`` untimed and ``--decode-steps`` timed tokens on its cache at its kept length (the
+first warm-up step under the route spy, ``route``: which attention function decoded it). Every KVzip prefill
+scores a fresh context (a new process holds no scores). The load average before and after each prefill is
+recorded: on a shared machine another process may hold a core. ``kvpress_kvzip`` (``price_one.ANCHORS``) is
+kvpress's own ``KVzipPress`` as shipped.
 
 A ratio over snapkv's is taken within each round, then its median and range over rounds are reported.
 Output (``--out``, default results/bench/price): ``price.jsonl``, the record, one row per press
@@ -23,96 +26,60 @@ one row per press and round; ``price.md``.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shlex
-import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 from evaluation.bench import common
-from evaluation.bench.speed.measure import attention_modules, cache_bytes, masks_of, prefill, set_masks
-from evaluation.bench.speed.route import route
-from evaluation.engine.runner import REFERENCE
-from kvpress_prob.correction import bias as correction
+from evaluation.bench.speed.parts import PARTS
+from evaluation.bench.speed.price_one import ANCHORS, price_row
 
 REFERENCE_PRESS = "snapkv"  # every ratio is over this press's, in the same round
+MMAP_THRESHOLD = 65536  # bytes: glibc maps larger blocks, and unmaps them when freed
 
 
-def forget_kvzip_scores() -> None:
-    """Empty KVzip's score cache: the next KVzip prefill pays its reconstruction pass (a fresh context)."""
-    from kvpress_prob.presses.kvzip_scoring import clear_scores
-
-    clear_scores()
-
-
-def held_bytes(model, cache) -> tuple[int, int]:
-    """(keys + values, correction bias) bytes held by ``cache``."""
-    bias = 0
-    for module in attention_modules(model):
-        b = correction.bias_of(module, cache)
-        bias += 0 if b is None else b.numel() * b.element_size()
-    return cache_bytes(cache), bias
+def measure_in_child(spec: dict) -> dict:
+    """``price_one.measure(spec)`` in a fresh process, large blocks unmapped when freed."""
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD), OMP_NUM_THREADS=str(spec["threads"]))
+    done = subprocess.run([sys.executable, "-m", "evaluation.bench.speed.price_one", json.dumps(spec)], env=env,
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"price of {spec['name']} (round {spec['round']}) failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _step(model, cache, token: torch.Tensor, position: int) -> None:
-    model(input_ids=token.view(1, 1), past_key_values=cache, position_ids=torch.tensor([[position]], device=token.device))
-
-
-@torch.no_grad()
-def run(model, ids: torch.Tensor, presses: list[str], ratio: float, repeats: int, decode_steps: int,
-        warmup_steps: int, log=print) -> pd.DataFrame:
-    """One row per press and round: prefill seconds and peak, kept length, held bytes, median decode step
-    (ms) and the decode route (round 0's first warm-up step). ``presses`` must include ``REFERENCE_PRESS``."""
-    if REFERENCE_PRESS not in presses:
-        raise ValueError(f"presses must include {REFERENCE_PRESS!r}, whose figures every ratio divides by")
-    if warmup_steps < 1:
-        raise ValueError(f"warmup_steps must be >= 1 (the route spy runs on the first), got {warmup_steps}")
-    n = ids.shape[1]
-    tokens = torch.randint(100, 10000, (warmup_steps + decode_steps,), generator=torch.Generator().manual_seed(0))
-    tokens = tokens.to(model.device)
-    warm = prefill(model, ids, REFERENCE, ratio).cache  # untimed: the process's first prefill and steps pay one-time costs
-    for i, token in enumerate(tokens[:2]):
-        _step(model, warm, token, n + i)
-    del warm
+def run_here(model, ids, presses: list[str], ratio: float, repeats: int, decode_steps: int, warmup_steps: int,
+             log=print) -> pd.DataFrame:
+    """``run`` in this process, on a loaded model (``kvprob gpu-check``: CUDA's peak is the allocator's, which a
+    previous prefill does not inflate)."""
     rows = []
     for rep in range(repeats):
-        order = presses[rep % len(presses):] + presses[: rep % len(presses)]
-        held = {}
-        for name in order:
-            forget_kvzip_scores()
-            cache, press, watch, memory = prefill(model, ids, name, ratio, seed=rep)
-            kv, bias = held_bytes(model, cache)
-            held[name] = (cache, masks_of(model))
-            set_masks(model, [None] * len(attention_modules(model)))
-            rows.append({"press": name, "round": rep, "prefill_s": watch.wall, "prefill_cpu_s": watch.cpu,
-                         "peak_bytes": memory.extra_bytes, "peak_method": memory.method,
-                         "kept_length": statistics.mean(layer.keys.shape[2] for layer in cache.layers),
-                         "kv_bytes": kv, "bias_bytes": bias, "loadavg": (common.loadavg() or [None])[0]})
-            del press
-            log(f"[price] round {rep} {name}: prefill {watch.wall:.2f} s, peak +{memory.extra_bytes / 2**20:.0f} MiB")
-        forget_kvzip_scores()
-        times, routes = {name: [] for name in presses}, {}
-        for i, token in enumerate(tokens):
-            shift = i % len(presses)
-            for name in presses[shift:] + presses[:shift]:
-                cache, masks = held[name]
-                set_masks(model, masks)
-                if i == 0 and rep == 0:
-                    routes[name] = route(model, lambda: _step(model, cache, token, n + i))
-                    continue
-                with common.Stopwatch(model.device) as watch:
-                    _step(model, cache, token, n + i)
-                if i >= warmup_steps:
-                    times[name].append(watch.wall)
-        set_masks(model, [None] * len(attention_modules(model)))
-        for row in rows[-len(presses):]:
-            row["decode_ms"] = 1e3 * statistics.median(times[row["press"]])
-            row["decode_steps"] = len(times[row["press"]])
-            row["decode_route"] = routes.get(row["press"])
-        del held
-        log(f"[price] round {rep}: decode " + ", ".join(f"{r['press']} {r['decode_ms']:.1f} ms" for r in rows[-len(presses):]))
+        for name in presses[rep % len(presses):] + presses[: rep % len(presses)]:
+            rows.append(price_row(model, ids, name, rep, ratio, decode_steps, warmup_steps))
+            log(f"[price] round {rep} {name}: prefill {rows[-1]['prefill_s']:.2f} s")
+    return pd.DataFrame(rows)
+
+
+def run(presses: list[str], repeats: int, log=print, **spec) -> pd.DataFrame:
+    """One row per press and round (``price_one.measure``'s). ``presses`` must include ``REFERENCE_PRESS``;
+    ``spec``: ratio, length, model, threads, decode_steps, warmup_steps."""
+    if REFERENCE_PRESS not in presses:
+        raise ValueError(f"presses must include {REFERENCE_PRESS!r}, whose figures every ratio divides by")
+    if spec["warmup_steps"] < 1:
+        raise ValueError(f"warmup_steps must be >= 1 (the route spy runs on the first), got {spec['warmup_steps']}")
+    rows = []
+    for rep in range(repeats):
+        for name in presses[rep % len(presses):] + presses[: rep % len(presses)]:
+            row = measure_in_child({"name": name, "round": rep, **spec})
+            rows.append(row)
+            log(f"[price] round {rep} {name}: prefill {row['prefill_s']:.2f} s, peak +{row['peak_bytes'] / 2**20:.0f} "
+                f"MiB, decode {row['decode_ms']:.1f} ms, load {row['loadavg_before']} -> {row['loadavg_after']}")
     return pd.DataFrame(rows)
 
 
@@ -122,8 +89,9 @@ FIGURES = {"prefill": "prefill_s", "peak": "peak_bytes", "decode": "decode_ms"}
 def summarise(raw: pd.DataFrame, meta: dict) -> pd.DataFrame:
     """The record: per press, each figure's median over rounds and, per figure, its ratio over snapkv's
     taken within each round (``<figure>_over_snapkv``: median; ``_lo`` / ``_hi``: smallest and largest),
-    the kept length, held bytes and decode route, with ``meta`` (model, device, n, ratio, command ...) on
-    every row."""
+    the median seconds of each part of the prefill (``<part>_s``, ``parts.PARTS``) where the rows have them, the
+    peak's spread over rounds (``peak_spread``: largest over smallest), the kept length, held bytes and decode
+    route, with ``meta`` (model, device, n, ratio, command ...) on every row."""
     ref = raw[raw.press == REFERENCE_PRESS].set_index("round")
     rows = []
     for press, g in raw.groupby("press", sort=False):
@@ -134,33 +102,54 @@ def summarise(raw: pd.DataFrame, meta: dict) -> pd.DataFrame:
             row[column] = float(g[column].median())
             row[f"{short}_over_snapkv"] = float(ratio.median())
             row[f"{short}_over_snapkv_lo"], row[f"{short}_over_snapkv_hi"] = float(ratio.min()), float(ratio.max())
-        row |= {"kept_length": float(g.kept_length.median()), "kv_bytes": int(g.kv_bytes.median()),
+        row |= {f"{part}_s": float(g[f"{part}_s"].median()) for part in PARTS if f"{part}_s" in g}
+        row |= {"peak_spread": float(g.peak_bytes.max() / g.peak_bytes.min()) if g.peak_bytes.min() > 0 else None,
+                "kept_length": float(g.kept_length.median()), "kv_bytes": int(g.kv_bytes.median()),
                 "bias_bytes": int(g.bias_bytes.median()), "decode_route": g.decode_route.dropna().iloc[0],
                 "peak_method": g.peak_method.iloc[0]}
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def markdown(record: pd.DataFrame) -> str:
+def markdown(record: pd.DataFrame, raw: pd.DataFrame | None = None) -> str:
     m = record.iloc[0]
     cell = lambda r, s: f"{r[f'{s}_over_snapkv']:.2f} [{r[f'{s}_over_snapkv_lo']:.2f}, {r[f'{s}_over_snapkv_hi']:.2f}]"  # noqa: E731
     table = pd.DataFrame({
         "press": record.press, "prefill time": [cell(r, "prefill") for _, r in record.iterrows()],
         "prefill peak": [cell(r, "peak") for _, r in record.iterrows()],
         "decode step": [cell(r, "decode") for _, r in record.iterrows()], "decode route": record.decode_route,
-        "prefill s": record.prefill_s, "peak MiB": record.peak_bytes / 2**20, "step ms": record.decode_ms,
-        "kept / layer": record.kept_length, "held MiB": (record.kv_bytes + record.bias_bytes) / 2**20,
+        "prefill s": record.prefill_s, "peak MiB": record.peak_bytes / 2**20, "peak spread": record.peak_spread,
+        "step ms": record.decode_ms, "kept / layer": record.kept_length,
+        "held MiB": (record.kv_bytes + record.bias_bytes) / 2**20,
     }).set_index("press")
-    return "\n".join([
+    lines = [
         f"# The price of each press over snapkv's ({m['device']}, n = {m['n']}, r = {m['ratio']:g})", "",
         f"Command: `{m['command']}`", "",
         f"Model {m['model']} ({m['dtype']}), {m['threads']} thread(s), {m['rounds']} rounds, presses interleaved "
-        f"(order rotated every round; decode steps in lockstep, rotated every step), {m['decode_steps']} timed decode "
-        f"steps per press and round. Ratios over snapkv's within each round: median [smallest, largest] over rounds. "
-        f"Peak: {m['peak_method']}, above what the process held before the prefill. KVzip prefills score a fresh "
+        f"(order rotated every round), each press and round in a fresh process (MALLOC_MMAP_THRESHOLD_ = "
+        f"{MMAP_THRESHOLD}), {m['decode_steps']} timed decode steps per press and round. Ratios over snapkv's within "
+        f"each round: median [smallest, largest] over rounds. Peak: {m['peak_method']}, above what the process held "
+        f"before the prefill; peak spread: its largest over its smallest round. KVzip prefills score a fresh "
         f"context. Decode route: the attention function a spy saw decode the first step. Elapsed {m['elapsed_s']:.0f} s, "
-        f"load average {m['loadavg']}.", "",
-        common.markdown_table(table, float_format="{:.2f}"), ""])
+        f"load average {m['loadavg_start']} at the start, {m['loadavg']} at the end (2 cores; a load above 1 means "
+        f"another process held a core for part of the run).", "",
+        common.markdown_table(table, float_format="{:.2f}"), ""]
+    parts = [f"{part}_s" for part in PARTS if f"{part}_s" in record]
+    if parts:
+        seconds = record.set_index("press")[["prefill_s", *parts]].rename(columns=lambda c: c[:-2].replace("_", " ") + " s")
+        over = seconds.div(float(record.set_index("press").loc[REFERENCE_PRESS, "prefill_s"]))
+        lines += ["Where the prefill's time goes (median seconds over rounds; in parentheses, over snapkv's whole "
+                  "prefill): plain prefill = the prefill's forward, less a proposal computed in its hooks; "
+                  "reconstruction = KVzip's later forwards, less its scoring; allocation = KVzip's allocation and "
+                  "eviction after the scoring; other = the rest (kvpress's tokenizer and chunking).", "",
+                  common.markdown_table(seconds.round(2).astype(str) + " (" + over.round(2).astype(str) + ")"), ""]
+    if raw is not None and "loadavg_before" in raw:
+        loads = raw[["round", "press", "prefill_s", "peak_bytes", "loadavg_before", "loadavg_after"]].copy()
+        loads["peak_bytes"] = loads.peak_bytes / 2**20
+        lines += ["Every press and round, in the order run, with the 1-minute load average before and after its "
+                  "prefill:", "", common.markdown_table(loads.rename(columns={"peak_bytes": "peak MiB"}).set_index("round"),
+                                                        float_format="{:.2f}"), ""]
+    return "\n".join(lines)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -180,8 +169,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
-    import sys
-
     from evaluation.report.price import table_presses
     from kvpress_prob.names.registry import get_press
 
@@ -190,23 +177,19 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     presses = args.presses or table_presses()
     presses = ([REFERENCE_PRESS] if REFERENCE_PRESS not in presses else []) + list(dict.fromkeys(presses))
     for name in presses:
-        get_press(name, args.ratio)  # an unknown name fails before the model loads
-    torch.set_num_threads(args.threads)
-    start = time.time()
-    model, tokenizer = common.load(args.model)
-    ids = common.context_ids(tokenizer, args.length, device=model.device)
-    info = common.machine_info()
-    raw = run(model, ids, presses, args.ratio, args.repeats, args.decode_steps, args.warmup_steps)
-    device = "cpu" if model.device.type == "cpu" else info["cuda_device"]
-    meta = {"model": args.model or "embedded SmolLM2-135M-Instruct", "device": device, "dtype": str(model.dtype),
-            "threads": torch.get_num_threads(), "n": args.length, "ratio": args.ratio, "decode_steps": args.decode_steps,
-            "command": "python -m evaluation.bench price " + shlex.join(argv), "elapsed_s": time.time() - start,
-            "loadavg": common.loadavg()}
+        if name not in ANCHORS:
+            get_press(name, args.ratio)  # an unknown name fails before any process starts
+    start, load_start = time.time(), common.loadavg()
+    raw = run(presses, args.repeats, ratio=args.ratio, length=args.length, model=args.model, threads=args.threads,
+              decode_steps=args.decode_steps, warmup_steps=args.warmup_steps)
+    meta = {"model": args.model or "embedded SmolLM2-135M-Instruct", "device": raw.device.iloc[0],
+            "dtype": raw.dtype.iloc[0], "threads": args.threads, "n": args.length, "ratio": args.ratio,
+            "decode_steps": args.decode_steps, "command": "python -m evaluation.bench price " + shlex.join(argv),
+            "elapsed_s": time.time() - start, "loadavg_start": load_start, "loadavg": common.loadavg()}
     record = summarise(raw, meta)
     out = Path(args.out)
     common.write_markdown(out / "price-raw.jsonl", raw.to_json(orient="records", lines=True))
     common.write_markdown(out / "price.jsonl", record.to_json(orient="records", lines=True))
-    common.write_markdown(out / "price.md", markdown(record))
-    print(markdown(record))
+    common.write_markdown(out / "price.md", markdown(record, raw))
+    print(markdown(record, raw))
     return record
-

@@ -1,0 +1,58 @@
+"""Every KVzip press keeps what it kept before its scoring was made faster (tests/data/kvzip-kept-facf533.json).
+
+The snapshot (tests/kvzip_snapshot.py, its docstring says how) holds, for every press whose name holds ``kvzip``
+and r = 0.5, 0.75 and 0.9, the kept set of each head of each layer on a tiny random Llama and on the embedded
+SmolLM2-135M-Instruct over a short English text, in float32, recorded at commit facf533 (before the query group
+was folded into KVzip's rows, pi_min-h's mask cut to each chunk's diagonal block, and ``widest_fit`` made one
+sort). Here each is recomputed and compared head by head. A head recorded as tied (its kept set moved under a
+1e-4 perturbation of the weights) is compared by its count only: rounding, not the scores, decides which of
+its tied entries it keeps, but not how many.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests import kept_snapshot as ks
+from tests import kvzip_snapshot as kz
+
+SNAPSHOT = json.loads((Path(__file__).resolve().parent / "data" / "kvzip-kept-facf533.json").read_text())
+CASES = [(fixture, name) for fixture, data in SNAPSHOT["fixtures"].items() for name in sorted(data["presses"])]
+_MODELS: dict = {}
+
+
+def model_of(fixture: str):
+    if fixture not in _MODELS:
+        torch.set_num_threads(1)
+        ks._tokenizer_once()
+        _MODELS[fixture] = ks.tiny("sdpa") if fixture == "tiny" else kz.embedded()[0]
+    return _MODELS[fixture]
+
+
+def test_the_snapshot_covers_every_kvzip_press_and_both_fixtures():
+    assert set(SNAPSHOT["fixtures"]) == {"tiny", "embedded"} and SNAPSHOT["ratios"] == [0.5, 0.75, 0.9]
+    for data in SNAPSHOT["fixtures"].values():
+        assert set(data["presses"]) == set(kz.kvzip_names())
+    assert {"cross_kvzip_block1_a75_toprest_widest", "cross_kvzip_block1_a50_toprest_widest", "topk_kvzip_widest",
+            "topk_kvzip_layers", "topk_kvzip_head", "kvzip"} <= set(kz.kvzip_names())
+
+
+@pytest.mark.parametrize("fixture, name", CASES)
+def test_same_kept_set_as_before_the_fast_scoring(fixture, name):
+    model, ids = model_of(fixture), torch.tensor([SNAPSHOT["fixtures"][fixture]["ids"]])
+    entry = SNAPSHOT["fixtures"][fixture]["presses"][name]
+    compared = 0
+    for ratio in SNAPSHOT["ratios"]:
+        want = entry[str(ratio)]
+        mask, unmatched = ks.kept(model, ks.build(name, ratio), ids)
+        expected = ks.unbits(want["bits"], want["shape"])
+        assert list(mask.shape) == want["shape"] and unmatched == want["unmatched"], (name, ratio)
+        assert torch.equal(mask.sum(-1), expected.sum(-1)), f"{name} at r = {ratio}: counts differ"
+        tied = {tuple(pair) for pair in want["tied"]}
+        differ = [(l, h) for l in range(mask.shape[0]) for h in range(mask.shape[1])
+                  if (l, h) not in tied and not torch.equal(mask[l, h], expected[l, h])]
+        assert not differ, f"{name} at r = {ratio}: kept sets differ in (layer, head) {differ}"
+        compared += mask.shape[0] * mask.shape[1] - len(tied)
+    assert compared >= mask.shape[0] * mask.shape[1]  # at least a third of the (ratio, layer, head) sets compared
