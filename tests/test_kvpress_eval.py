@@ -25,7 +25,7 @@ from kvpress import (
 
 from kvpress_prob.integrations.kvpress_eval import main, press_instances, register
 from kvpress_prob.presses.sampling import SamplingPress
-from kvpress_prob.names.registry import PRESSES
+from kvpress_prob.names.registry import PRESSES, RECOMMENDED_FAST
 from tests.conftest import tiny_model
 
 SPECIAL_CASES = (DuoAttentionPress, DMSPress, ComposedPress, ThinKPress, DecodingPress)
@@ -51,7 +51,7 @@ def test_register_adds_every_missing_name_and_keeps_kvpress_entries():
     registry = kvpress_like_registry()
     before = dict(registry)
     added = register(registry)
-    assert set(added) == set(PRESSES) - set(before)
+    assert set(added) == (set(PRESSES) | {RECOMMENDED_FAST}) - set(before)
     assert all(registry[name] is press for name, press in before.items())  # kvpress's own left alone
     for name in added:
         press = registry[name]

@@ -30,7 +30,7 @@ from typing import Iterable, MutableMapping
 
 from kvpress import BasePress
 
-from kvpress_prob.names.registry import PRESSES, get_press
+from kvpress_prob.names.registry import PRESSES, RECOMMENDED_FAST, get_press
 
 
 def _settable_fields(press: BasePress) -> set[str]:
@@ -40,10 +40,10 @@ def _settable_fields(press: BasePress) -> set[str]:
 
 
 def press_instances(names: Iterable[str] | None = None, prefix: str = "", **overrides) -> dict[str, BasePress]:
-    """``{prefix + name: press}`` for our registry ``names`` (default: all), each at compression
-    ratio 0 with ``overrides`` applied to the presses that have those fields (``seed=1``; a field
-    of the sampler or the proposal, e.g. ``chunk_size=256``, as ``get_press`` takes it)."""
-    names = list(PRESSES) if names is None else list(names)
+    """``{prefix + name: press}`` for our registry ``names`` (default: all, and ``RECOMMENDED_FAST``), each at
+    compression ratio 0 with ``overrides`` applied to the presses that have those fields (``seed=1``; a field of the
+    sampler or the proposal, e.g. ``chunk_size=256``, as ``get_press`` takes it)."""
+    names = list(dict.fromkeys([*PRESSES, RECOMMENDED_FAST])) if names is None else list(names)
     unknown = [n for n in names if n not in PRESSES]
     if unknown:
         raise ValueError(f"unknown press(es) {unknown}; valid names: {', '.join(sorted(PRESSES))}")
