@@ -96,3 +96,31 @@ def test_recommended_fast_runs_as_kvpress_evaluate_runs_it(tmp_path, monkeypatch
     assert isinstance(out["answer"], str) and press.gate_used == record["gate"]
     n, L, H = lengths[0], model.config.num_hidden_layers, model.config.num_key_value_heads
     assert 0 < sum(map(sum, press.kept)) <= L * H * compute_n_kept(n, 0.5) < L * H * n  # evicted at the set ratio
+
+
+def test_harness_records_name_the_gate_and_equal_the_pipeline(tmp_path, monkeypatch, tokenizer):
+    """A sweep of gate presses (their scores shared across ratios) gives the pipeline's answers with each press run
+    from scratch, and every record of a gate press names the gate it used."""
+    from kvpress import KVPressTextGenerationPipeline
+
+    from evaluation.engine.runner import configurations, run
+    from evaluation.store.results import ResultStore
+    from tests.test_runner import examples
+
+    model = tiny_model("llama")
+    model.generation_config.eos_token_id = 2
+    monkeypatch.setenv("KVPROB_CACHE", str(tmp_path))
+    path, _ = gt.fit(model, [random_ids(60, seed=1)], "one", gt.TrainSettings(steps=3, batch_size=16), progress=False)
+    gt.set_default(model, path.stem)
+    configs = configurations(["topk_gate_layers_recent25", RECOMMENDED_FAST], [0.5, 0.75], [0])
+    store, frame = ResultStore(tmp_path / "r.jsonl"), examples(1)
+    run(model, tokenizer, frame, configs, store, model_name="tiny", dataset="ruler", data_dir="64", progress=False)
+    records = store.records()
+    assert len(records) == len(configs) == 5
+    pipe, row = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer), frame.iloc[0]
+    for record, cfg in zip(sorted(records, key=lambda r: (r["press"], r["compression_ratio"])),
+                           sorted(configs, key=lambda c: (c.label, c.compression_ratio))):
+        assert record.get("gate") == (None if cfg.press == "full" else path.stem)
+        reference = pipe(row.context, question=row.question, answer_prefix=row.answer_prefix, press=cfg.build(),
+                         max_new_tokens=int(row.max_new_tokens))["answer"]
+        assert record["prediction"] == reference, cfg
