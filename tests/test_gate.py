@@ -3,7 +3,6 @@ allocation's kept set with real eviction at kvpress's count, compression under m
 trainer cached outside the repository, and refusals."""
 
 import copy
-import logging
 
 import pytest
 import torch
@@ -94,9 +93,9 @@ def test_widest_kept_set_and_kvpress_count_under_generate(dtype):
     assert (expected[..., :4]).all()  # the sinks are kept
 
 
-def test_trainer_is_deterministic_cached_and_says_so(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(gt, "cache_dir", lambda: tmp_path)  # the gates' cache only: the embedded tokenizer stays converted
+def test_trainer_is_deterministic_and_names_its_gate_by_its_settings(tmp_path, monkeypatch):
     model = tiny_model("llama", layers=2)
+    monkeypatch.setenv("KVPROB_CACHE", str(tmp_path))  # after the model: its tokenizer stays where it was converted
     contexts = [random_ids(48, seed=s) for s in (1, 2)]
     settings = gt.TrainSettings(steps=12, batch_size=32)
     labels = [gt.kvzip_labels(model, c) for c in contexts]
@@ -111,27 +110,19 @@ def test_trainer_is_deterministic_cached_and_says_so(tmp_path, monkeypatch, capl
     assert any(not torch.equal(a.q_proj.weight, f.q_proj.weight) for a, f in zip(first, fresh))  # it trained
     assert record["tokens"] == 2 * (48 - max(settings.n_sink, labels[0][1]))
 
-    corpus = lambda tokenizer: contexts  # noqa: E731
-    with caplog.at_level(logging.WARNING, logger="kvpress_prob.presses.gate_training"):
-        monkeypatch.setattr(gt, "TrainSettings", lambda: settings)  # the press trains with the defaults: small here
-        press = GatePress(compression_ratio=0.5, corpus=corpus)
-        with torch.no_grad(), press(model):  # first use inside no_grad, as inference runs: it still trains
-            model.model(input_ids=contexts[0], past_key_values=DynamicCache())
-        trained = [r for r in caplog.records if "training one" in r.getMessage()]
-        assert len(trained) == 1 and str(tmp_path) in trained[0].getMessage()
-        with GatePress(compression_ratio=0.5, corpus=corpus)(model):  # the second use reads the cache
-            model.model(input_ids=contexts[0], past_key_values=DynamicCache())
-        for dtype in (torch.bfloat16, torch.float16):  # the same model in the dtypes users run: the same gate
-            cast = copy.deepcopy(model).to(dtype)
-            assert gt.model_key(cast) == gt.model_key(model)
-            with torch.no_grad(), GatePress(compression_ratio=0.5, corpus=corpus)(cast):
-                cast.model(input_ids=contexts[0], past_key_values=DynamicCache())
-        assert len([r for r in caplog.records if "training one" in r.getMessage()]) == 1
-    files = list((tmp_path / "gates").rglob("gate-*.pt"))
-    assert len(files) == 1 and len(list((tmp_path / "gates").rglob("labels/*.pt"))) == 2
-    loaded = gt.load_gates(files[0])
+    path, meta = gt.fit(model, contexts, "two", settings, progress=False)
+    assert path == gt.gate_dir(model) / f"{gt.gate_name('two', settings)}.pt" and "steps12-batch32" in path.name
+    assert meta["corpus"] == "two" and meta["contexts"] == 2
+    loaded = gt.load_gates(path)
     assert all(torch.equal(a.q_proj.weight, b.q_proj.weight) for a, b in zip(loaded, first))  # same data, same gate
-    assert gt.latest(model) == files[0]
+    assert gt.fit(model, contexts, "two", settings)[0] == path and len(list(path.parent.glob("*.pt"))) == 1
+    with pytest.raises(ValueError, match="other contexts"):  # one name, one corpus
+        gt.fit(model, contexts[:1], "two", settings)
+    for dtype in (torch.bfloat16, torch.float16):  # the same model in the dtypes users run: the same gate
+        cast = copy.deepcopy(model).to(dtype)
+        assert gt.model_key(cast) == gt.model_key(model)
+        with torch.no_grad(), GatePress(compression_ratio=0.5, gate=path.stem)(cast):
+            cast.model(input_ids=contexts[0], past_key_values=DynamicCache())
 
 
 def test_kept_recall_counts_the_intersection():
@@ -144,17 +135,19 @@ def test_kept_recall_counts_the_intersection():
 
 
 def test_refusals_and_the_name(tmp_path, monkeypatch):
-    monkeypatch.setattr(gt, "cache_dir", lambda: tmp_path)  # the gates' cache only: the embedded tokenizer stays converted
     model = tiny_model("llama")
+    monkeypatch.setenv("KVPROB_CACHE", str(tmp_path))  # after the model: its tokenizer stays where it was converted
     assert isinstance(get_press("topk_gate_widest", 0.75), GatePress)
     with pytest.raises(ValueError, match="compression_ratio"):
         GatePress(compression_ratio=1.0)
     with pytest.raises(ValueError, match="one gate per layer"):
         with GatePress(compression_ratio=0.5, gates=random_gates(model)[:2])(model):
             pass
-    with pytest.raises(FileNotFoundError, match="kvprob train-gate"):
+    with pytest.raises(FileNotFoundError, match="kvprob train-gate.*minutes"):  # no default gate: how, and how long
         with GatePress(compression_ratio=0.5)(model):
             pass
+    with pytest.raises(ValueError, match="not both"):
+        GatePress(gate="a", gates=random_gates(model))
     press = GatePress(compression_ratio=0.5, gates=random_gates(model))
     with pytest.raises(ValueError, match="batch size 1"):
         with press(model):

@@ -26,7 +26,7 @@ from kvpress import (
 from kvpress_prob.integrations.kvpress_eval import RECOMMENDATIONS, main, press_instances, register
 from kvpress_prob.names import registry as names_registry
 from kvpress_prob.presses.sampling import SamplingPress
-from kvpress_prob.names.registry import PRESSES
+from kvpress_prob.names.registry import PRESSES, RECOMMENDED_FAST
 from tests.conftest import tiny_model
 
 SPECIAL_CASES = (DuoAttentionPress, DMSPress, ComposedPress, ThinKPress, DecodingPress)

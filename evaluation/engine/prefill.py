@@ -17,7 +17,9 @@ layer's compression. H2O reads eager attention weights: one eager prefill per ex
 layer's scores (kvpress's own ``ObservedAttentionPress.score``) and its keys and values (they differ
 from sdpa's in the last bits), unless its eager attention would exceed the press's
 ``max_eager_bytes`` (its scores are then computed in chunks in the shared prefill; kvpress's own
-``ObservedAttentionPress`` too, above the default 4 GiB: no path builds the n x n weights). A KVzip press
+``ObservedAttentionPress`` too, above the default 4 GiB: no path builds the n x n weights). A gate press
+(``GatePress`` and ``LayerGatePress``) has its gate's scores computed in the shared prefill's hooks, once per gate
+and shared by every ratio, and evicts through its ``compress_scores``. A KVzip press
 (``KVzipSampledPress`` and its subclasses) starts from the shared prefill's cache, as its own prefill would
 have left it, and runs its reconstruction passes (or reuses their scores) and its eviction on that; its
 ``tail`` proposal, if any, is computed in the shared prefill's hooks. A press of any other family is
@@ -39,6 +41,7 @@ from transformers.cache_utils import DynamicLayer
 
 from kvpress_prob import SamplingPress
 from kvpress_prob.correction import bias as correction
+from kvpress_prob.presses.gate import GatePress
 from kvpress_prob.presses.sampling import language_model
 from kvpress_prob.presses.h2o import EagerObservedAttentionPress
 from kvpress_prob.presses.kvzip import KVzipSampledPress
@@ -70,7 +73,8 @@ class Plan:
     """How the engine reproduces one press after a shared prefill.
 
     kind: "full" (nothing to do), "sampling" (``evict`` on the proposals stored under ``key``),
-    "scores" / "adakv" (kvpress's top-k / AdaKV mask on the scores stored under ``key``), "eager"
+    "scores" / "adakv" (kvpress's top-k / AdaKV mask on the scores stored under ``key``), "gate" (a gate press's
+    ``compress_scores`` on its gate's scores stored under ``key``), "eager"
     (H2O: the scores and keys of an eager prefill), "kvzip" (a KVzip press on the shared cache; its tail
     proposal, if any, stored under ``key``), "prefill" (any other press: a prefill of its own).
     ``compute(module, kwargs, output)`` gives one layer's stored tensor inside a prefill hook."""
@@ -123,6 +127,11 @@ def plan(model, press: BasePress | None, n: int) -> Plan:
             return Plan("full")
         return Plan("sampling", ("proposal", repr(press.proposal_at_ratio)),
                     lambda module, kwargs, output: press.propose(module, kwargs))
+    if isinstance(press, GatePress):
+        if press.compression_ratio == 0:
+            return Plan("full")
+        return Plan("gate", ("gate", press.gate_key), lambda module, kwargs, output: press.gate_scores(
+            module.layer_idx, kwargs["hidden_states"]))
     if isinstance(press, KVzipSampledPress) and press.compression_ratio > 0:
         if press.tail is None:
             return Plan("kvzip")
@@ -301,6 +310,9 @@ class Prefill:
             return cache
         if p.kind == "kvzip":
             return self._kvzip(press, cache, self._stored(p) if p.key else None)
+        if p.kind == "gate":
+            press.compress_scores(cache, self._stored(p))
+            return cache
         if p.kind == "sampling":
             # a SpanPress reads the prefill's token ids; a replay binds them around evict
             with press.tokens(self.context_ids) if isinstance(press, SpanPress) else nullcontext():
@@ -333,6 +345,11 @@ def cache_summary(cache: DynamicCache, press: BasePress | None, n: int) -> tuple
         return press.compression_ratio, held
     stored = sum(layer.keys.shape[2] for layer in cache.layers)
     return 1.0 - stored / (n * len(cache.layers)), held
+
+
+def press_record(press: BasePress | None) -> dict:
+    """What a record of ``press`` names beyond the press's name, after it compressed: the gate a gate press used."""
+    return {"gate": press.gate_used} if isinstance(press, GatePress) else {}
 
 
 def bias_bytes(cache, layers) -> int:

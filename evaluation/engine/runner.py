@@ -18,10 +18,10 @@ from kvpress import BasePress, KVPressTextGenerationPipeline
 from tqdm.auto import tqdm
 
 from evaluation.engine import Compressed, Prefill, bias_bytes, cache_summary, generate_batch, sizing
+from evaluation.engine.prefill import press_record
 from evaluation.metrics.answers import score_example
 from evaluation.store.results import ResultStore, record_key, shard
 from kvpress_prob.names.registry import get_press, is_sampling
-from kvpress_prob.presses.gate import GatePress
 
 REFERENCE = "full"
 
@@ -52,12 +52,7 @@ class Config:
         if self.press == REFERENCE:
             return None
         overrides = dict(self.overrides) | ({"seed": self.seed} if self.samples else {})
-        press = get_press(self.press, self.compression_ratio, **overrides)
-        if isinstance(press, GatePress) and press.gates is None and press.corpus is None:
-            from evaluation.tasks.prose.gate import training_corpus
-
-            press.corpus = training_corpus  # no cached gate: trained on first use on the dev essays
-        return press
+        return get_press(self.press, self.compression_ratio, **overrides)
 
 
 def configurations(presses: list[str], ratios: list[float], seeds: list[int]) -> list[Config]:
@@ -131,7 +126,7 @@ def run(
                 example_id=row["example_id"], press=cfg.label, compression_ratio=cfg.compression_ratio,
                 seed=cfg.seed, prediction=prediction, answer=answer,
                 score=score_example(row["task"], prediction, answer), realised_ratio=realised, kv_bytes=held[0],
-                bias_bytes=held[1], seconds=seconds,
+                bias_bytes=held[1], seconds=seconds, **held[2],
             )])
             bar.update(1)
 
@@ -165,7 +160,7 @@ def run(
             start = time.perf_counter()
             cache = shared.take_full()  # the prefill's only copy, which decoding replaces layer by layer
             realised, held = cache_summary(cache, None, n)
-            held = (held, 0)
+            held = (held, 0, {})
             prediction = pipe.generate_answer(question_ids, cache, n, int(row["max_new_tokens"]))
             del cache
             record(cfg, prediction, realised, held, time.perf_counter() - start)
@@ -175,11 +170,12 @@ def run(
     return written
 
 
-def _compressed(shared: Prefill, cfg: Config, n: int, take: bool = False) -> tuple[Any, float, tuple[int, int]]:
-    """(the compressed cache, or its ``Compressed`` item, realised ratio, (K+V bytes, bias bytes) held). Its own
-    frame: nothing of it outlives the call but what it returns."""
+def _compressed(shared: Prefill, cfg: Config, n: int, take: bool = False) -> tuple[Any, float, tuple[int, int, dict]]:
+    """(the compressed cache, or its ``Compressed`` item, realised ratio, (K+V bytes, bias bytes held, what the
+    record names beyond the press: ``press_record``)). Its own frame: nothing of it outlives the call but what it
+    returns."""
     press = cfg.build()
     cache = shared.compress(press)
     realised, held = cache_summary(cache, press, n)
-    held = (held, bias_bytes(cache, shared.layers))  # before take(): a mask turned into a bias is not held
+    held = (held, bias_bytes(cache, shared.layers), press_record(press))  # before take(): a mask as a bias is not held
     return (Compressed.take(cache, shared.layers) if take else cache), realised, held

@@ -2,8 +2,10 @@
 
 - ``KVZIP_ALLOCATIONS``: KVzip's scores under an allocation over layers and heads (``presses.kvzip_alloc``),
   ``topk_kvzip_<allocation>``.
-- ``GATES``: Fast KVzip's learned gates under KVzip's widest allocation (``presses.gate``), ``topk_gate_widest``
-  (built by name, not shipped: it is measured on the development splits only).
+- ``GATES``: Fast KVzip's learned gates (built by name, not shipped: a gate is trained per model): under KVzip's
+  widest allocation over all layers (``presses.gate``), ``topk_gate_widest``; or each layer evicted in its own hook
+  at kvpress's count (``presses.gate_layers``, snapkv's prefill time and peak), ``topk_gate_layers``, with the most
+  recent ``<pct>`` % of each head's count kept as the fill in ``topk_gate_layers_recent<pct>``.
 - ``ENTROPY_HYBRIDS`` (not shipped; built by name): each head's exact fraction alpha_h follows the entropy of its
   own proposal (``samplers.entropy_stratified``); the rest is priority-sampled with correction. pi_min-h under the
   global budget of prob_min_h (positions, or blocks of 8); KeyDiff softmax-calibrated to the window attention's
@@ -20,6 +22,7 @@ from kvpress import KeyDiffPress, TOVAPress
 
 from kvpress_prob.proposals.calibrated import CalibratedProposal
 from kvpress_prob.presses.gate import GatePress
+from kvpress_prob.presses.gate_layers import LayerGatePress
 from kvpress_prob.presses.allocations import ALLOCATIONS
 from kvpress_prob.presses.kvzip_alloc import KVzipAllocatedPress
 from kvpress_prob.presses.sampling import SamplingPress
@@ -60,8 +63,13 @@ KVZIP_ALLOCATIONS: dict[str, Callable[[float], KVzipAllocatedPress]] = {
     f"topk_kvzip_{a}": (lambda ratio, a=a: KVzipAllocatedPress(compression_ratio=ratio, allocation=a))
     for a in ALLOCATIONS}
 
-#: Fast KVzip's gates under the widest allocation: name -> factory of the ratio.
-GATES: dict[str, Callable[[float], GatePress]] = {"topk_gate_widest": lambda ratio: GatePress(compression_ratio=ratio)}
+#: Fast KVzip's gates, under the widest allocation or evicted layer by layer: name -> factory of the ratio.
+GATES: dict[str, Callable[[float], GatePress]] = {
+    "topk_gate_widest": lambda ratio: GatePress(compression_ratio=ratio),
+    "topk_gate_layers": lambda ratio: LayerGatePress(compression_ratio=ratio),
+    **{f"topk_gate_layers_recent{pct}": (lambda ratio, pct=pct: LayerGatePress(compression_ratio=ratio, window=pct / 100))
+       for pct in (10, 25, 50)},
+}
 
 #: Every named press of this module.
 NAMED: dict[str, Callable[[float], SamplingPress | KVzipAllocatedPress | GatePress]] = {

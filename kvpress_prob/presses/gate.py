@@ -7,21 +7,22 @@ entry from what it computes anyway, with no reconstruction pass. ``GatePress`` s
 attention hooks, as kvpress's scorer presses do, and evicts every layer at the last hooked layer under KVzip's
 ``"widest"`` allocation (``kvzip_alloc.allocation_keep`` and ``evict_keep``: equal memory, real eviction), so it
 compresses under ``model.generate`` too. Its gates are kvpress's ``FastKVzipPress`` format (a list of per-layer
-state dicts of ``FastKVzipGate``), so a released gate loads as it is; without one, the gate trained on
-development texts (``kvpress_prob.presses.gate_training``) is read from the cache or trained on first use.
+state dicts of ``FastKVzipGate``), so a released gate loads as it is; without one, it loads the gate it names,
+else the model's default gate (``kvpress_prob.presses.gate_training.load``: trained by ``kvprob train-gate``).
+``compress_scores`` evicts a cache from gate scores computed elsewhere (the evaluation engine's shared prefill,
+which computes them once for every ratio).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from kvpress.presses.base_press import BasePress, is_prefilling
 from torch import nn
 
 from kvpress_prob.correction import attention
-from kvpress_prob.presses.gate_training import cached_gates, gates_from_state_dicts
+from kvpress_prob.presses import gate_training
 from kvpress_prob.presses.allocations import allocation_keep, evict_keep
 from kvpress_prob.presses.sampling import hooked_layers, language_model
 from kvpress_prob.samplers.base import check_ratio
@@ -35,26 +36,30 @@ class GatePress(BasePress):
     ----------
     compression_ratio : float, default 0.0
         Fraction of the cache evicted, in [0, 1); kvpress's count (``compute_n_kept``) per head, over all layers.
+    gate : str or None, default None
+        The gate to load when ``gates`` is None: a name (``gate_training.gate_name``) in the model's gate folder, or a
+        file's path. None: the model's default gate (``gate_training.default_gate``: the one ``kvprob train-gate
+        --set-default`` made the default, else ``gate_training.DEFAULT_GATE``). A missing gate raises, naming
+        ``kvprob train-gate``.
     gates : list or None, default None
-        One gate per layer: ``FastKVzipGate`` modules or their state dicts (``FastKVzipPress``'s format). None: the
-        gate trained for this model on development texts (``gate_training.cached_gates``: from the cache, else
-        trained on ``corpus`` on first use, with one log line).
-    corpus : callable or None, default None
-        ``corpus(tokenizer)`` -> the training contexts (a list of (1, n) id tensors), used only when ``gates`` is None
-        and no gate is cached; None then raises, naming ``kvprob train-gate``.
+        One gate per layer: ``FastKVzipGate`` modules or their state dicts (``FastKVzipPress``'s format), used as
+        given (``gate`` must then be None).
     n_sink : int, default 4
         The first entries are pinned above every score (never evicted), as ``KVzipSampledPress.pinned_scores``.
     """
 
     compression_ratio: float = 0.0
-    gates: list | None = None
-    corpus: Callable | None = field(default=None, repr=False)
+    gate: str | None = None
+    gates: list | None = field(default=None, repr=False)
     n_sink: int = 4
 
     def __post_init__(self):
         check_ratio(self.compression_ratio)
         if self.n_sink < 0:
             raise ValueError(f"n_sink must be >= 0, got {self.n_sink}")
+        if self.gate is not None and self.gates is not None:
+            raise ValueError("pass gate (a gate's name or path) or gates (the modules), not both")
+        self.gate_used: str | None = None  # the name of the gate scoring, once entered on a model ("given": gates)
         self._modules: list[nn.Module] = []  # the gates, one per layer
         self._attention: list[nn.Module] = []  # the model's attention modules, in order
         self._layers: list[int] = []
@@ -69,17 +74,22 @@ class GatePress(BasePress):
         if self._layers != [m.layer_idx for m in self._attention]:
             raise ValueError("GatePress scores every layer: a model with sliding-window layers (Gemma3) is not supported")
         if self.gates is None:
-            self._modules = cached_gates(model, self.corpus)
+            self.gate_used, self._modules = gate_training.load(model, self.gate)
         elif all(isinstance(g, dict) for g in self.gates):
-            self._modules = gates_from_state_dicts(self.gates)
+            self.gate_used, self._modules = "given", gate_training.gates_from_state_dicts(self.gates)
         else:
-            self._modules = list(self.gates)
+            self.gate_used, self._modules = "given", list(self.gates)
         n_layers = len(language_model(model).layers)
         if len(self._modules) != n_layers:
             raise ValueError(f"gates must hold one gate per layer ({n_layers}), got {len(self._modules)}")
         heads = model.config.num_key_value_heads
         if any(g.nhead != heads for g in self._modules):
             raise ValueError(f"gates must score the model's {heads} KV heads, got {[g.nhead for g in self._modules]}")
+
+    @property
+    def gate_key(self) -> tuple:
+        """What this press's gate scores depend on, once entered on a model: its gate's name, or its modules."""
+        return (self.gate_used,) if self.gates is None else tuple(id(m) for m in self._modules)
 
     @torch.no_grad()
     def gate_scores(self, layer_idx: int, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -114,12 +124,19 @@ class GatePress(BasePress):
         self._scores[module.layer_idx] = self.gate_scores(module.layer_idx, hidden_states)
         if module.layer_idx == self._layers[-1]:
             scores, self._scores = self._scores, {}
-            if self.compression_ratio > 0:
-                device = scores[self._layers[0]].device  # layers may sit on several devices: allocate on the first's
-                stacked = torch.stack([scores[i].to(device) for i in self._layers])  # (L, 1, H, n)
-                keep = allocation_keep(self.pinned(stacked), self.compression_ratio, "widest")  # (L, 1, H, n)
-                self.kept = evict_keep(kwargs["past_key_values"], self._attention, keep)
+            self.compress_scores(kwargs["past_key_values"], scores)
         return output
+
+    @torch.no_grad()
+    def compress_scores(self, cache, scores: dict[int, torch.Tensor]) -> None:
+        """Evict ``cache`` (a full prefill's, on the model this press was entered on) under the widest allocation of
+        ``scores``: layer index -> that layer's ``gate_scores`` (1, H, n). What the last hooked layer does."""
+        if self.compression_ratio == 0:
+            return
+        device = scores[self._layers[0]].device  # layers may sit on several devices: allocate on the first's
+        stacked = torch.stack([scores[i].to(device) for i in self._layers])  # (L, 1, H, n)
+        keep = allocation_keep(self.pinned(stacked), self.compression_ratio, "widest")  # (L, 1, H, n)
+        self.kept = evict_keep(cache, self._attention, keep)
 
 
 __all__ = ["GatePress"]

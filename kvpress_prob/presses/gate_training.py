@@ -15,46 +15,45 @@ Here:
   algorithms, float32; the same data and seed give the same gate.
 
 The gate is stored as kvpress's ``FastKVzipPress`` format, ``{"module": [state dict per layer], "meta": {...}}``,
-in ``gate_dir(model)`` (``$KVPROB_CACHE/gates/...``, like the RULER data), keyed by the model (its name, shapes and
-a digest of some weights), the contexts and the training settings. ``cached_gates`` reads it, or trains it once.
+in ``gate_dir(model)`` (``$KVPROB_CACHE/gates/<model_key>``, like the RULER data), in a file named by what defines
+it (``gate_name``: the training corpus's name and the settings). A gate press loads the gate it is given by name
+(``load``), else the model's default: the one ``set_default`` recorded (``kvprob train-gate --set-default``), else
+``DEFAULT_GATE``; never a gate because it is the newest. A gate is read once per process.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import time
+import weakref
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from kvpress.presses.fastkvzip_press import FastKVzipGate
-from transformers import AutoTokenizer, DynamicCache
+from tqdm.auto import tqdm
+from transformers import DynamicCache
 
 from kvpress_prob.models import cache_dir
 from kvpress_prob.presses.kvzip import KVzipSampledPress
 from kvpress_prob.presses.allocations import allocation_keep
 from kvpress_prob.presses.sampling import language_model
 
-logger = logging.getLogger(__name__)
-
-_PATHS: dict = {}  # (model_key, corpus) -> (its gate's path, its contexts)
-VERSION = 1  # of the label and training rules below: a change retrains every cached gate
+VERSION = 2  # of the label and training rules below: a change renames every gate
 
 
 @dataclass(frozen=True)
 class TrainSettings:
-    """Fast KVzip's gate and optimiser settings: its ``optim.py`` defaults, except the step count (300, not 5000) and
-    the batch, sized for a CPU."""
+    """Fast KVzip's gate and optimiser settings: its ``optim.py`` defaults, except the step count (200, not 5000) and
+    the batch, sized for a CPU (training in under 3 minutes on one thread for SmolLM2-135M)."""
 
     output_dim: int = 16
     sink: int = 16
-    steps: int = 300
+    steps: int = 200
     batch_size: int = 1000
     lr: float = 0.2
     seed: int = 0
@@ -156,7 +155,7 @@ def new_gates(model, settings: TrainSettings) -> list[FastKVzipGate]:
 
 
 def train_gates(model, inputs: list[torch.Tensor], labels: list[tuple[torch.Tensor, int]],
-                settings: TrainSettings, log_every: int = 0) -> tuple[list[FastKVzipGate], dict]:
+                settings: TrainSettings, progress: bool = False) -> tuple[list[FastKVzipGate], dict]:
     """Fit one gate per layer on ``inputs`` (per context, (L, n, d)) and ``labels`` (per context, KVzip's (L, H, n)
     and its first scored position) with Fast KVzip's loss and optimiser (see the module). Returns the gates and
     the training record (final loss, seconds, token count)."""
@@ -172,7 +171,8 @@ def train_gates(model, inputs: list[torch.Tensor], labels: list[tuple[torch.Tens
         optimiser = torch.optim.SGD(params, lr=settings.lr, momentum=0.9)
         generator = torch.Generator().manual_seed(settings.seed)
         order, cursor, losses = torch.randperm(n_tokens, generator=generator), 0, []
-        for step in range(settings.steps):
+        bar = tqdm(range(settings.steps), desc="gate training", disable=not progress)
+        for step in bar:
             if cursor + settings.batch_size > n_tokens:
                 order, cursor = torch.randperm(n_tokens, generator=generator), 0
             batch = order[cursor: cursor + settings.batch_size].to(device)
@@ -185,9 +185,7 @@ def train_gates(model, inputs: list[torch.Tensor], labels: list[tuple[torch.Tens
                 group["lr"] = settings.lr * _lr_factor(step, settings.steps)
             optimiser.step()
             losses.append(loss.detach().item())
-            if log_every and (step % log_every == 0 or step == settings.steps - 1):
-                logger.info("gate step %d/%d: loss %.4f (%.0f s)", step, settings.steps, losses[-1],
-                            time.perf_counter() - start)
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
     tail = losses[-max(1, settings.steps // 20):]
     record = {"loss_last5pct": sum(tail) / len(tail), "loss_first": losses[0] if losses else None,
               "seconds": time.perf_counter() - start, "tokens": n_tokens}
@@ -230,13 +228,6 @@ def kept_recall(gate: torch.Tensor, kvzip: torch.Tensor, ratio: float, n_sink: i
     return int((keep_gate & keep_kvzip).sum()), int(keep_kvzip.sum())
 
 
-def gate_path(model, contexts: list[torch.Tensor], settings: TrainSettings) -> Path:
-    """The cached gate's file for these contexts and settings."""
-    key = json.dumps({"contexts": [_ids_digest(c) for c in contexts], "settings": asdict(settings),
-                      "version": VERSION}, sort_keys=True)
-    return gate_dir(model) / f"gate-{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
-
-
 def save_gates(gates: list[FastKVzipGate], path: Path, meta: dict) -> None:
     """Write ``gates`` in ``FastKVzipPress``'s format (``{"module": [state dicts]}``) with ``meta``, atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -251,54 +242,95 @@ def load_gates(path: Path) -> list[FastKVzipGate]:
     return gates_from_state_dicts(saved["module"] if isinstance(saved, dict) else saved)
 
 
-def latest(model) -> Path | None:
-    """The model's most recently written cached gate, or None."""
-    found = sorted(gate_dir(model).glob("gate-*.pt"), key=lambda p: p.stat().st_mtime)
-    return found[-1] if found else None
+def gate_name(corpus: str, settings: TrainSettings) -> str:
+    """The name of the gate trained on the corpus named ``corpus`` with ``settings``: what defines it, spelled out
+    (the model is its folder, ``gate_dir``)."""
+    s = settings
+    return (f"{corpus}-steps{s.steps}-batch{s.batch_size}-lr{s.lr:g}-dim{s.output_dim}-sink{s.sink}-pin{s.n_sink}"
+            f"-seed{s.seed}-v{VERSION}")
 
 
-def fit(model, contexts: list[torch.Tensor], settings: TrainSettings | None = None, log_every: int = 0
-        ) -> tuple[Path, dict]:
-    """Labels (cached), inputs and training on ``contexts`` (a list of (1, n) ids); the gate is written to
-    ``gate_path`` unless it is there already (``settings`` None: ``TrainSettings()``). Returns its path and the
-    record (label and training seconds)."""
+#: The corpus ``kvprob train-gate`` trains on by default: the first 1024 tokens of 20 prose development windows and
+#: 10 development RULER haystacks (``evaluation.tasks.prose.gate.contexts``).
+DEFAULT_CORPUS = "dev-prose20-ruler10-1024"
+#: The gate a gate press loads when none is named and the model has no default set (``set_default``).
+DEFAULT_GATE = gate_name(DEFAULT_CORPUS, TrainSettings())
+#: What training the default gate costs (results/gate/), for the error that asks for it.
+TRAIN_TIME = ("about 8 minutes on one CPU thread for SmolLM2-135M: 6 for KVzip's labels of 30 contexts, 1.5 for "
+              "training")
+
+
+def gate_path(model, name: str) -> Path:
+    """The file of the gate named ``name`` (``gate_name``) of ``model``."""
+    return gate_dir(model) / f"{name}.pt"
+
+
+def set_default(model, name: str) -> Path:
+    """Make the gate ``name`` (trained, in ``gate_dir(model)``) the default of ``model``: what a gate press built by
+    name loads. Returns the file recording it."""
+    if not gate_path(model, name).exists():
+        raise FileNotFoundError(f"no gate named {name!r} in {gate_dir(model)}: train it first (`kvprob train-gate`)")
+    path = gate_dir(model) / "default.json"
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"gate": name}) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def default_gate(model) -> str:
+    """The name of ``model``'s default gate: the one ``set_default`` recorded, else ``DEFAULT_GATE``."""
+    path = gate_dir(model) / "default.json"
+    return json.loads(path.read_text())["gate"] if path.exists() else DEFAULT_GATE
+
+
+_LOADED: dict[tuple[str, int], list[FastKVzipGate]] = {}  # (gate file, its mtime in ns) -> its gates
+_KEYS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> model_key(model)
+
+
+def load(model, gate: str | None = None) -> tuple[str, list[FastKVzipGate]]:
+    """(name, gates) of the gate ``gate`` of ``model``: a name in ``gate_dir(model)`` or a file's path; None: the
+    model's default (``default_gate``). Read once per process and file. A missing gate raises, naming
+    ``kvprob train-gate`` and its time."""
+    if model not in _KEYS:
+        _KEYS[model] = model_key(model)
+    folder = cache_dir() / "gates" / _KEYS[model]
+    name = gate if gate is not None else default_gate(model)
+    path = Path(name) if name.endswith(".pt") else folder / f"{name}.pt"
+    if not path.exists():
+        raise FileNotFoundError(
+            f"no gate {name!r} for this model in {folder}: train it with `kvprob train-gate "
+            f"--model {model.config.name_or_path}` ({TRAIN_TIME}), or pass gates=... (FastKVzipPress's format)")
+    key = (str(path.resolve()), path.stat().st_mtime_ns)
+    if key not in _LOADED:
+        _LOADED[key] = load_gates(path)
+    return path.stem, _LOADED[key]
+
+
+def fit(model, contexts: list[torch.Tensor], corpus: str, settings: TrainSettings | None = None,
+        progress: bool = True) -> tuple[Path, dict]:
+    """Labels (cached), inputs and training on ``contexts`` (a list of (1, n) ids), the corpus named ``corpus``;
+    the gate is written to ``gate_path(model, gate_name(corpus, settings))`` unless it is there already
+    (``settings`` None: ``TrainSettings()``). Returns its path and the record (label and training seconds)."""
     settings = TrainSettings() if settings is None else settings
-    path = gate_path(model, contexts, settings)
+    path = gate_path(model, gate_name(corpus, settings))
+    digests = [_ids_digest(c) for c in contexts]
     if path.exists():
-        return path, torch.load(path, weights_only=True)["meta"]
+        meta = torch.load(path, weights_only=True)["meta"]
+        if meta.get("context_digests", digests) != digests:
+            raise ValueError(f"the gate {path.name} was trained on other contexts than the corpus {corpus!r} gives "
+                             f"now: name the corpus by what defines it")
+        return path, meta
     t0 = time.perf_counter()
-    labels = [kvzip_labels(model, ids) for ids in contexts]
+    labels = [kvzip_labels(model, ids) for ids in tqdm(contexts, desc="KVzip labels", disable=not progress)]
     label_s = time.perf_counter() - t0
     inputs = [attention_inputs(model, ids) for ids in contexts]
-    gates, record = train_gates(model, inputs, labels, settings, log_every)
-    meta = {"contexts": len(contexts), "label_seconds": label_s, **record, "settings": asdict(settings)}
+    gates, record = train_gates(model, inputs, labels, settings, progress)
+    meta = {"corpus": corpus, "contexts": len(contexts), "context_digests": digests, "label_seconds": label_s,
+            **record, "settings": asdict(settings)}
     save_gates(gates, path, meta)
     return path, meta
 
 
-def cached_gates(model, corpus: Callable | None) -> list[FastKVzipGate]:
-    """The gate of ``model``: the cached one trained on ``corpus(tokenizer)``'s contexts (trained now, on first use,
-    with one log line), or, with ``corpus`` None, the latest cached gate of the model (else a clear error)."""
-    if corpus is None:
-        path = latest(model)
-        if path is None:
-            raise FileNotFoundError(
-                f"no gate is cached for this model in {gate_dir(model)}: train one with `kvprob train-gate "
-                f"--model {model.config.name_or_path}`, or pass GatePress(gates=...) (FastKVzipPress's format)")
-        return load_gates(path)
-    key = (model_key(model), corpus)
-    if key not in _PATHS:  # the corpus is tokenised once per model and corpus
-        contexts = corpus(AutoTokenizer.from_pretrained(model.config.name_or_path))
-        settings = TrainSettings()
-        _PATHS[key] = (gate_path(model, contexts, settings), contexts, settings)
-    path, contexts, settings = _PATHS[key]
-    if not path.exists():
-        logger.warning("GatePress: no gate cached for this model; training one on %d development contexts "
-                       "(KVzip labels, then Fast KVzip's loss), cached at %s", len(contexts), path)
-        fit(model, contexts, settings)
-    return load_gates(path)
-
-
-__all__ = ["TrainSettings", "attention_inputs", "cached_gates", "fit", "gate_dir", "gates_from_state_dicts", "gate_path", "gate_scores",
-           "kept_recall", "kvzip_labels", "latest", "load_gates", "model_key", "new_gates", "save_gates",
-           "train_gates"]
+__all__ = ["DEFAULT_CORPUS", "DEFAULT_GATE", "TrainSettings", "attention_inputs", "default_gate", "fit", "gate_dir",
+           "gate_name", "gate_path", "gate_scores", "gates_from_state_dicts", "kept_recall", "kvzip_labels", "load",
+           "load_gates", "model_key", "new_gates", "save_gates", "set_default", "train_gates"]

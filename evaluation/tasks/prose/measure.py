@@ -16,6 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from evaluation.engine import Compressed, Prefill, bias_bytes, cache_summary, teacher_forced
+from evaluation.engine.prefill import press_record
 from evaluation.engine.runner import Config
 from evaluation.metrics.continuation import kl_per_position, nll_per_position
 from evaluation.store.results import ResultStore, record_key
@@ -94,7 +95,8 @@ def compressed(shared: Prefill, cfg: Config, n: int):
     press = cfg.build()
     cache = shared.compress(press)
     realised, held = cache_summary(cache, press, n)
-    memory = dict(realised_ratio=realised, kv_bytes=held, bias_bytes=bias_bytes(cache, shared.layers))
+    memory = dict(realised_ratio=realised, kv_bytes=held, bias_bytes=bias_bytes(cache, shared.layers),
+                  **press_record(press))
     masked = masks_as_bias(cache, shared.layers)  # after bias_bytes: a mask is not held beside the cache
     try:
         yield cache, memory
