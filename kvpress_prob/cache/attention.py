@@ -47,8 +47,10 @@ def ragged_sdpa(query: torch.Tensor, context: RaggedContext, scaling: float | No
         raise RuntimeError(f"the ragged layer holds {context.tail} appended tokens, fewer than the {q_len} new "
                            "queries: was the layer changed outside its update()?")
     g, t = hq // H, context.tail
-    out = query.new_empty(1, q_len, hq, d)
-    if q_len > 1:
+    if q_len == 1:  # one decoding step: the g query heads of KV head h are the rows of rows_of[h]
+        rows_of, steps = query.reshape(H, g, d), []
+    else:
+        out = query.new_empty(1, q_len, hq, d)
         rows = torch.arange(q_len, device=query.device)[:, None]
         causal = torch.arange(t, device=query.device)[None, :] <= rows + (t - q_len)  # (q, t): new token i sees j
     for h, (start, kept) in enumerate(zip(context.starts, context.lengths)):
@@ -58,8 +60,7 @@ def ragged_sdpa(query: torch.Tensor, context: RaggedContext, scaling: float | No
         heads = slice(h * g, (h + 1) * g)
         if q_len == 1:
             mask = None if bias is None else F.pad(bias, (0, t))[None]  # (1, c_h + t)
-            o = F.scaled_dot_product_attention(query[0, heads, 0][None], keys, values, attn_mask=mask, scale=scaling)
-            out[0, 0, heads] = o[0]
+            steps.append(F.scaled_dot_product_attention(rows_of[h:h + 1], keys, values, attn_mask=mask, scale=scaling))
             continue
         step = max(1, 2 * d // g)  # query rows per call: g * step <= 2 d rows against c_h + t keys
         for i in range(0, q_len, step):
@@ -75,7 +76,7 @@ def ragged_sdpa(query: torch.Tensor, context: RaggedContext, scaling: float | No
             qh = query[0, heads, i:j].reshape(1, g * (j - i), d)
             o = F.scaled_dot_product_attention(qh, keys, values, attn_mask=mask, scale=scaling)
             out[0, i:j, heads] = o[0].view(g, j - i, d).transpose(0, 1)
-    return out
+    return torch.cat(steps).view(1, 1, hq, d) if q_len == 1 else out
 
 
 def wrap(func):

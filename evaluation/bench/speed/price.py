@@ -35,6 +35,7 @@ from evaluation.bench import common
 from evaluation.bench.speed.measure import attention_modules, cache_bytes, masks_of, prefill, set_masks
 from evaluation.bench.speed.route import route
 from evaluation.engine.runner import REFERENCE
+from kvpress_prob.cache import RaggedLayer
 from kvpress_prob.correction import bias as correction
 
 REFERENCE_PRESS = "snapkv"  # every ratio is over this press's, in the same round
@@ -51,9 +52,15 @@ def held_bytes(model, cache) -> tuple[int, int]:
     """(keys + values, correction bias) bytes held by ``cache``."""
     bias = 0
     for module in attention_modules(model):
-        b = correction.bias_of(module, cache)
+        layer = cache.layers[module.layer_idx]  # a ragged layer holds its own bias
+        b = layer.bias if isinstance(layer, RaggedLayer) else correction.bias_of(module, cache)
         bias += 0 if b is None else b.numel() * b.element_size()
     return cache_bytes(cache), bias
+
+
+def kept_length(layer) -> float:
+    """Entries a layer holds per KV head (a ragged layer: the mean of its heads' counts)."""
+    return sum(layer.lengths) / len(layer.lengths) if isinstance(layer, RaggedLayer) else layer.keys.shape[2]
 
 
 def _step(model, cache, token: torch.Tensor, position: int) -> None:
@@ -88,7 +95,7 @@ def run(model, ids: torch.Tensor, presses: list[str], ratio: float, repeats: int
             set_masks(model, [None] * len(attention_modules(model)))
             rows.append({"press": name, "round": rep, "prefill_s": watch.wall, "prefill_cpu_s": watch.cpu,
                          "peak_bytes": memory.extra_bytes, "peak_method": memory.method,
-                         "kept_length": statistics.mean(layer.keys.shape[2] for layer in cache.layers),
+                         "kept_length": statistics.mean(kept_length(layer) for layer in cache.layers),
                          "kv_bytes": kv, "bias_bytes": bias, "loadavg": (common.loadavg() or [None])[0]})
             del press
             log(f"[price] round {rep} {name}: prefill {watch.wall:.2f} s, peak +{memory.extra_bytes / 2**20:.0f} MiB")
