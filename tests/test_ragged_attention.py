@@ -14,7 +14,7 @@ from kvpress_prob.cache.attention import ragged_sdpa
 H, G, D, N = 2, 3, 16, 40  # KV heads, query heads per KV head, head dim, context length
 
 
-def _case(q_len: int, earlier: int, with_bias: bool, dtype, seed: int = 0):
+def _case(q_len: int, earlier: int, with_bias: bool, dtype, seed: int = 0, device: str = "cpu"):
     """A ragged layer of random entries (a different kept count per head, ``earlier`` tokens appended before),
     the forward's q_len new tokens appended; returns the context its update returned and float64 inputs."""
     g = torch.Generator().manual_seed(seed)
@@ -24,11 +24,11 @@ def _case(q_len: int, earlier: int, with_bias: bool, dtype, seed: int = 0):
     new_k, new_v = torch.randn(1, H, earlier + q_len, D, generator=g), torch.randn(1, H, earlier + q_len, D, generator=g)
     query = torch.randn(1, H * G, q_len, D, generator=g) * 2  # logits of a few units
     cache = DynamicCache()
-    cache.update(keys.to(dtype), values.to(dtype), 0)
+    cache.update(keys.to(device, dtype), values.to(device, dtype), 0)
     layer = evict_ragged(cache, 0, keep, bias)
     if earlier:
-        layer.update(new_k[:, :, :earlier].to(dtype), new_v[:, :, :earlier].to(dtype))
-    placeholder, _ = layer.update(new_k[:, :, earlier:].to(dtype), new_v[:, :, earlier:].to(dtype))
+        layer.update(new_k[:, :, :earlier].to(device, dtype), new_v[:, :, :earlier].to(device, dtype))
+    placeholder, _ = layer.update(new_k[:, :, earlier:].to(device, dtype), new_v[:, :, earlier:].to(device, dtype))
     inputs = dict(keys=keys, values=values, keep=keep, bias=bias, new_k=new_k, new_v=new_v)
     return placeholder.context, query, inputs
 
