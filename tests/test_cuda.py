@@ -192,3 +192,25 @@ def test_the_fused_route_compiles_once_over_a_generation():
     counted = compilations(model, cache, 96, steps=8)
     assert counted["routes"] == ["flex"] and counted["compiled"], counted
     assert counted["graphs"] == 1, counted
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("q_len", [1, 6])
+def test_ragged_route_on_cuda_matches_float64(dtype, q_len):
+    """The ragged cache's portable route on CUDA (kvpress_prob/cache/attention.py): fp32 within 1e-5 of the output's
+    scale, bfloat16 within twice dense SDPA's error on the same entries (as tests/test_ragged_attention.py on a CPU)."""
+    from test_ragged_attention import _case, _dense_inputs, _reference, inputs_as
+    from kvpress_prob.cache.attention import ragged_sdpa
+
+    context, query, inputs = _case(q_len, 2, True, dtype, seed=4, device="cuda")
+    assert context.keys.device.type == "cuda"
+    out = ragged_sdpa(query.to("cuda", dtype), context).cpu().double()
+    reference = _reference(query.to(dtype), inputs_as(inputs, dtype))
+    if dtype == torch.float32:
+        assert (out - reference).abs().max() <= 1e-5 * reference.abs().max()
+    else:
+        keys, values, visible, bias = (t.cuda() for t in _dense_inputs(query, inputs_as(inputs, dtype), dtype))
+        mask = bias.to(dtype).expand(visible.shape).masked_fill(~visible, torch.finfo(dtype).min)
+        dense = torch.nn.functional.scaled_dot_product_attention(query.to("cuda", dtype), keys, values, attn_mask=mask)
+        dense = (dense.transpose(1, 2).cpu().double() - reference).abs().max()
+        assert (out - reference).abs().max() <= 2 * dense

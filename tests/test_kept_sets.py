@@ -53,7 +53,8 @@ SINCE = {"cross_kvzip_block1_a75_widest": "tests/test_kvzip_kept.py",
          "cross_kvzip_block1_a75_toprest_widest": "tests/test_kvzip_kept.py",
          "topk_gate_widest": "tests/test_gate.py",
          **{name: "tests/test_gate_layers.py" for name in ("topk_gate_layers", "topk_gate_layers_recent10",
-                                                           "topk_gate_layers_recent25", "topk_gate_layers_recent50")}}
+                                                           "topk_gate_layers_recent25", "topk_gate_layers_recent50")},
+         "topk_kvzip_global": "tests/test_ragged_press.py"}
 
 
 def test_the_snapshot_covers_the_catalogue_and_the_records():

@@ -27,13 +27,11 @@ DECODE_VARIANTS = {
 
 
 def cache_bytes(cache) -> int:
-    """Bytes of keys + values held by a DynamicCache: sum of numel * element_size over layers."""
-    total = 0
-    for layer in cache.layers:
-        for tensor in (layer.keys, layer.values):
-            if tensor is not None:
-                total += tensor.numel() * tensor.element_size()
-    return total
+    """Bytes of keys + values held by a cache: the storage of every tensor each layer holds (a view keeps its
+    whole tensor; a ragged layer its flat buffers), ``evaluation.engine.prefill.kv_bytes``."""
+    from evaluation.engine.prefill import kv_bytes
+
+    return sum(kv_bytes(layer) for layer in cache.layers if getattr(layer, "is_initialized", False))
 
 
 def attention_modules(model) -> list:

@@ -21,11 +21,12 @@ import sys
 import torch
 
 from evaluation.bench import common
-from evaluation.bench.speed.measure import set_masks
+from evaluation.bench.speed.measure import cache_bytes, set_masks
 from evaluation.bench.speed.parts import Parts
 from evaluation.bench.speed.route import route
 from evaluation.engine import press_prefill
 from evaluation.engine.runner import REFERENCE, Config
+from kvpress_prob.cache import RaggedLayer
 from kvpress_prob.correction import bias as correction
 from kvpress_prob.presses.kvzip_scoring import clear_scores
 from kvpress_prob.presses.sampling import language_model
@@ -51,13 +52,19 @@ def _step(model, cache, token: torch.Tensor, position: int) -> None:
 
 
 def held_bytes(model, cache) -> tuple[int, int]:
-    """(keys + values, correction bias) bytes held by ``cache``."""
-    kv = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values) if t is not None)
+    """(keys + values, correction bias) bytes held by ``cache``: the storage each layer keeps alive (a ragged layer
+    holds its own bias)."""
     bias = 0
     for layer in language_model(model).layers:
-        b = correction.bias_of(layer.self_attn, cache)
+        held = cache.layers[layer.self_attn.layer_idx]
+        b = held.bias if isinstance(held, RaggedLayer) else correction.bias_of(layer.self_attn, cache)
         bias += 0 if b is None else b.numel() * b.element_size()
-    return kv, bias
+    return cache_bytes(cache), bias
+
+
+def kept_length(layer) -> float:
+    """Entries a layer holds per KV head (a ragged layer: the mean of its heads' counts)."""
+    return sum(layer.lengths) / len(layer.lengths) if isinstance(layer, RaggedLayer) else layer.keys.shape[2]
 
 
 def measure(spec: dict) -> dict:
@@ -86,7 +93,7 @@ def price_row(model, ids: torch.Tensor, name: str, rep: int, ratio: float, decod
         cache = press_prefill(model, ids, press)
     load_after = common.loadavg()
     kv, bias = held_bytes(model, cache)
-    kept_length = statistics.mean(layer.keys.shape[2] for layer in cache.layers)
+    kept = statistics.mean(kept_length(layer) for layer in cache.layers)
     tokens = torch.randint(100, 10000, (warmup_steps + decode_steps,),
                            generator=torch.Generator().manual_seed(0)).to(model.device)
     times, decode_route = [], None
@@ -102,7 +109,7 @@ def price_row(model, ids: torch.Tensor, name: str, rep: int, ratio: float, decod
     device = "cpu" if model.device.type == "cpu" else torch.cuda.get_device_name(model.device)
     return {"press": name, "round": rep, "device": device, "dtype": str(model.dtype), "prefill_s": watch.wall, "prefill_cpu_s": watch.cpu,
             "peak_bytes": memory.extra_bytes, "peak_method": memory.method, "start_bytes": memory.start_bytes,
-            "kept_length": kept_length, "kv_bytes": kv,
+            "kept_length": kept, "kv_bytes": kv,
             "bias_bytes": bias, "decode_ms": 1e3 * statistics.median(times), "decode_steps": len(times),
             "decode_route": decode_route, "loadavg_before": load_before, "loadavg_after": load_after,
             **{f"{part}_s": s for part, s in parts.seconds(watch.wall).items()}}

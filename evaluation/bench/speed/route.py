@@ -7,7 +7,8 @@ what computed it:
   entered by every layer, named by ``impl`` ("sdpa", "flash_attention_2", ...): the model's own kernel;
 - ``kvpress_prob.correction.attention.corrected_sdpa``: "corrected sdpa" (a dense float mask holding the bias);
 - ``kvpress_prob.correction.flex.flex_corrected``: "flex" (FlexAttention, the bias in a ``score_mod``;
-  compiled on CUDA, eager on a CPU).
+  compiled on CUDA, eager on a CPU);
+- ``kvpress_prob.cache.attention.ragged_sdpa``: "ragged sdpa" (a ragged cache's route: one SDPA per KV head).
 
 A layer whose module carries kvpress's ``masked_key_indices`` (AdaKV, KVzip's masks) is named
 "<impl> + kvpress masks": the model's own function on a cache whose masked keys kvpress replaces by fake
@@ -21,6 +22,7 @@ from contextlib import contextmanager
 
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from kvpress_prob.cache import attention as ragged
 from kvpress_prob.correction import attention, flex
 
 
@@ -49,15 +51,16 @@ def _spies(implementation: str, ran: list[str]):
         finally:
             ran.append(inside.pop())
 
-    corrected_sdpa, flex_corrected = attention.corrected_sdpa, flex.flex_corrected
+    corrected_sdpa, flex_corrected, ragged_sdpa = attention.corrected_sdpa, flex.flex_corrected, ragged.ragged_sdpa
     attention.corrected_sdpa = spy("corrected sdpa", corrected_sdpa)
     flex.flex_corrected = spy("flex", flex_corrected)
+    ragged.ragged_sdpa = spy("ragged sdpa", ragged_sdpa)
     ALL_ATTENTION_FUNCTIONS[implementation] = own
     try:
         yield
     finally:
         ALL_ATTENTION_FUNCTIONS[implementation] = registered
-        attention.corrected_sdpa, flex.flex_corrected = corrected_sdpa, flex_corrected
+        attention.corrected_sdpa, flex.flex_corrected, ragged.ragged_sdpa = corrected_sdpa, flex_corrected, ragged_sdpa
 
 
 def routes(model, forward) -> list[str]:

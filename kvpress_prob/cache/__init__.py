@@ -1,0 +1,5 @@
+"""The ragged cache: each KV head of a layer holds its own kept entries, read by its own attention route."""
+
+from kvpress_prob.cache.ragged import RaggedLayer, evict_ragged
+
+__all__ = ["RaggedLayer", "evict_ragged"]
