@@ -37,8 +37,10 @@ def _stored_exactly(cache, full, keep, log_weight=None):
                 assert torch.equal(bias, log_weight[l, 0, h, positions].to(bias.dtype))
         d, size = layer.flat_keys.shape[-1], layer.flat_keys.element_size()
         kv, bias_bytes = held_bytes(layer)
-        assert kv == 2 * sum(layer.lengths) * d * size  # exactly the kept entries' K and V
-        assert bias_bytes == (0 if layer.bias is None else sum(layer.lengths) * layer.bias.element_size())
+        slots = sum(layer.capacity)  # the kept entries, and after decoding the slots of appended tokens
+        assert slots == sum(layer.lengths) or layer.appended > 0
+        assert kv == 2 * slots * d * size  # exactly the kept entries' K and V (and the appended slots)
+        assert bias_bytes == (0 if layer.bias is None else slots * layer.bias.element_size())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -173,3 +175,31 @@ def test_kvzip_ragged_refuses_a_sampler_without_per_head_counts():
 
     with pytest.raises(ValueError, match="keep_counts"):
         KVzipRaggedPress(compression_ratio=0.5, sampler=TopKSampler())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gate_ragged_keeps_the_gates_global_top_per_head_under_generate(dtype):
+    """topk_gate_ragged: each head keeps its share of the global top L H compute_n_kept(n, r) of the gates' scores
+    on an independent plain prefill (sinks pinned: an explicit ranking), stored exactly, under model.generate."""
+    from kvpress_prob.presses import gate_training as gt
+    from kvpress_prob.presses.gate import GatePress
+    from kvpress_prob.presses.ragged_presses import RaggedGatePress
+    from tests.test_gate import random_gates
+
+    model, ratio = tiny_model("llama", dtype=dtype), 0.75
+    ids = random_ids(N, seed=29)
+    gates = random_gates(model)
+    scores = GatePress(gates=gates).pinned(gt.gate_scores(gates, gt.attention_inputs(model, ids))[:, None])
+    L, _, H, n = scores.shape
+    ranked = scores.reshape(-1).argsort(descending=True, stable=True)[: L * H * compute_n_kept(n, ratio)]
+    keep = torch.zeros(L * H * n, dtype=torch.bool)
+    keep[ranked] = True
+    keep = keep.view(L, 1, H, n)
+    press = get_press("topk_gate_ragged", ratio, gates=gates)
+    assert isinstance(press, RaggedGatePress)
+    with press(model):
+        out = model.generate(ids, max_new_tokens=3, do_sample=False, return_dict_in_generate=True, pad_token_id=2)
+    assert press.kept == keep.sum(-1)[:, 0].tolist() and len({c for row in press.kept for c in row}) > 1
+    cache = out.past_key_values
+    assert all(layer.appended == 2 and layer.get_seq_length() == N + 2 for layer in cache.layers)
+    _stored_exactly(cache, press_prefill(model, ids, None), keep)

@@ -2,8 +2,9 @@
 
 - ``KVZIP_ALLOCATIONS``: KVzip's scores under an allocation over layers and heads (``presses.kvzip_alloc``),
   ``topk_kvzip_<allocation>``.
-- ``GATES``: Fast KVzip's learned gates under KVzip's widest allocation (``presses.gate``), ``topk_gate_widest``
-  (built by name, not shipped: it is measured on the development splits only).
+- ``GATES``: Fast KVzip's learned gates under KVzip's widest allocation (``presses.gate``), ``topk_gate_widest``,
+  and under their global top per head in a ragged cache (``presses.ragged_presses``), ``topk_gate_ragged`` (built
+  by name, not shipped: measured on the development splits only).
 - ``ENTROPY_HYBRIDS`` (not shipped; built by name): each head's exact fraction alpha_h follows the entropy of its
   own proposal (``samplers.entropy_stratified``); the rest is priority-sampled with correction. pi_min-h under the
   global budget of prob_min_h (positions, or blocks of 8); KeyDiff softmax-calibrated to the window attention's
@@ -22,6 +23,7 @@ from kvpress_prob.proposals.calibrated import CalibratedProposal
 from kvpress_prob.presses.gate import GatePress
 from kvpress_prob.presses.allocations import ALLOCATIONS
 from kvpress_prob.presses.kvzip_alloc import KVzipAllocatedPress
+from kvpress_prob.presses.ragged_presses import RaggedGatePress
 from kvpress_prob.presses.sampling import SamplingPress
 from kvpress_prob.proposals.attention import MinVarianceProposal
 from kvpress_prob.proposals.base import ScoreProposal
@@ -61,7 +63,8 @@ KVZIP_ALLOCATIONS: dict[str, Callable[[float], KVzipAllocatedPress]] = {
     for a in ALLOCATIONS}
 
 #: Fast KVzip's gates under the widest allocation: name -> factory of the ratio.
-GATES: dict[str, Callable[[float], GatePress]] = {"topk_gate_widest": lambda ratio: GatePress(compression_ratio=ratio)}
+GATES: dict[str, Callable[[float], GatePress]] = {"topk_gate_widest": lambda ratio: GatePress(compression_ratio=ratio),
+                                                  "topk_gate_ragged": lambda ratio: RaggedGatePress(compression_ratio=ratio)}
 
 #: Every named press of this module.
 NAMED: dict[str, Callable[[float], SamplingPress | KVzipAllocatedPress | GatePress]] = {

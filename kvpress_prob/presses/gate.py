@@ -117,9 +117,13 @@ class GatePress(BasePress):
             if self.compression_ratio > 0:
                 device = scores[self._layers[0]].device  # layers may sit on several devices: allocate on the first's
                 stacked = torch.stack([scores[i].to(device) for i in self._layers])  # (L, 1, H, n)
-                keep = allocation_keep(self.pinned(stacked), self.compression_ratio, "widest")  # (L, 1, H, n)
-                self.kept = evict_keep(kwargs["past_key_values"], self._attention, keep)
+                self.kept = self.evict(kwargs["past_key_values"], self.pinned(stacked))
         return output
+
+    def evict(self, cache, scores: torch.Tensor) -> list[list[int]]:
+        """Evict ``cache`` to the widest allocation of the pinned ``scores`` (L, 1, H, n); the kept counts."""
+        keep = allocation_keep(scores, self.compression_ratio, "widest")  # (L, 1, H, n)
+        return evict_keep(cache, self._attention, keep)
 
 
 __all__ = ["GatePress"]

@@ -12,6 +12,8 @@ route. Each head's kept set is one of ``presses.per_head``'s (or a sampler's dra
   toprest designs (``cross_kvzip_block1_a75_toprest_ragged``).
 - ``RaggedAdaKVPress``: kvpress's ``AdaKVPress`` allocation over any kvpress scorer, evicted for real
   (``adakv_snapkv_ragged``).
+- ``RaggedGatePress``: Fast KVzip's learned gates, each head keeping its share of their global top
+  (``topk_gate_ragged``).
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from torch import nn
 from transformers import Cache, QuantizedCache
 
 from kvpress_prob.cache import RaggedLayer, evict_ragged
+from kvpress_prob.presses.gate import GatePress
 from kvpress_prob.presses.kvzip import KVzipSampledPress
-from kvpress_prob.presses.per_head import adakv_keep, global_counts, kvpress_count_ratio
+from kvpress_prob.presses.per_head import adakv_keep, global_counts, global_top, kvpress_count_ratio
 from kvpress_prob.presses.sampling import SamplingPress, language_model
 from kvpress_prob.samplers.cross import CrossStratifiedSampler, CrossTopSampler
 
@@ -175,4 +178,27 @@ class RaggedAdaKVPress(AdaKVPress):
         return output
 
 
-__all__ = ["KVzipRaggedPress", "RaggedAdaKVPress", "RaggedSamplingPress", "held_bytes", "on_device"]
+@dataclass
+class RaggedGatePress(GatePress):
+    """Fast KVzip's learned gates (Kim, Han, Yun, "Fast KVzip: Efficient and Accurate LLM Inference with Gated KV
+    Eviction", arXiv 2601.17668) with a per-head allocation, evicted for real into a ragged cache.
+
+    ``GatePress``'s scores (the gate of each layer, sinks pinned), kept as their global top
+    ``L H compute_n_kept(n, r)`` over every layer and head (``per_head.global_top``: snapkv's count of entries,
+    KVzip's allocation) instead of the widest allocation; each layer becomes a ``RaggedLayer``, no bias.
+
+    Parameters
+    ----------
+    compression_ratio, gates, corpus, n_sink
+        As ``GatePress``'s.
+    """
+
+    def evict(self, cache, scores: torch.Tensor) -> list[list[int]]:
+        """Evict ``cache`` to the global top of the pinned ``scores`` (L, 1, H, n); the kept counts per head."""
+        keep = global_top(scores, self.compression_ratio)
+        for module in self._attention:
+            evict_ragged(cache, module.layer_idx, keep[module.layer_idx])
+        return keep[:, 0].sum(-1).tolist()
+
+
+__all__ = ["KVzipRaggedPress", "RaggedGatePress", "RaggedAdaKVPress", "RaggedSamplingPress", "held_bytes", "on_device"]
