@@ -2,11 +2,15 @@
 contexts of results/dev/round3-toprest-ruler-1024 (8 examples, SmolLM2-135M, 1024-token contexts), r = 0.5 / 0.75 /
 0.9, seeds 0-2 for sampled presses, fp32 and bf16. Counts the storage of every tensor each layer holds (a view its
 whole storage): K and V, and the correction bias (a padded layer's, read through the correction; a RaggedLayer's
-own). One shared prefill per context (evaluation.engine.Prefill). Resumable: one JSON line per row.
-  PYTHONPATH=$PWD /work/bin/heavy .venv/bin/python results/bytes/ragged-presses/measure.py"""
+own). One shared prefill per context (evaluation.engine.Prefill). Resumable: one JSON line per row; then the table of
+each press's bytes over snapkv's on the same example, ratio and dtype, averaged over examples and seeds.
+  PYTHONPATH=$PWD /work/bin/heavy .venv/bin/python -m experiments.ragged_bytes measure
+  PYTHONPATH=$PWD .venv/bin/python -m experiments.ragged_bytes table > results/bytes/ragged-presses/table.txt"""
 
 import json
 import sys
+
+import pandas as pd
 from pathlib import Path
 
 import torch
@@ -39,6 +43,21 @@ def held(cache, layers):
             b = correction.bias_of(module.self_attn, cache)
             bias += 0 if b is None else storage(b)
     return kv, bias
+
+
+def table():
+    df = pd.read_json(OUT, lines=True)
+    snap = df[df.press == "snapkv"].set_index(["example_id", "dtype", "compression_ratio"])[["kv_bytes"]]
+    df = df.join(snap.rename(columns={"kv_bytes": "snapkv"}), on=["example_id", "dtype", "compression_ratio"])
+    df["kv_x"] = df.kv_bytes / df.snapkv
+    df["all_x"] = (df.kv_bytes + df.bias_bytes) / df.snapkv
+    df["bias_x"] = df.bias_bytes / df.snapkv
+    seeds = df.groupby(["dtype", "press", "compression_ratio", "seed"])[["kv_x", "bias_x", "all_x"]].mean()
+    out = df.groupby(["dtype", "press", "compression_ratio"]).agg(
+        examples=("example_id", "nunique"), seeds=("seed", "nunique"), kv_x=("kv_x", "mean"), bias_x=("bias_x", "mean"),
+        all_x=("all_x", "mean"))
+    out["kv_x seed max"] = seeds.groupby(["dtype", "press", "compression_ratio"]).kv_x.max()
+    print(out.round(4).to_string())
 
 
 def main():
@@ -75,4 +94,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    {"measure": main, "table": table}[sys.argv[1]]()
