@@ -4,7 +4,7 @@
    harness turns them into the lowest bias (``Compressed.take``, ``masks_as_bias``). On one case of each
    benchmark, the logits of every later forward (RULER: question then answer; prose: the teacher-forced
    continuation; recall: a cue and its sentence) on kvzip's masked cache are compared with an explicit
-   eviction of exactly the masked set (``topk_kvzip_ragged``) and with a float64 dense reference whose
+   eviction of exactly the masked set (``topk_kvzip_padded``) and with a float64 dense reference whose
    attention weights are computed explicitly with the masked entries excluded (``dense_reference``).
 2. Allocation. Per layer and head, the counts KVzip's global top keeps (``kvzip_keep``), the padding a
    real eviction of it needs, and which needle tokens (RULER) survive in which heads under each allocation.
@@ -104,12 +104,12 @@ def honesty(model, model64, context_ids: torch.Tensor, fed_ids: torch.Tensor, ra
     for layer in layers:
         correction.reset(layer.self_attn)
     del cache
-    ragged = get_press("topk_kvzip_ragged", ratio)
+    ragged = get_press("topk_kvzip_padded", ratio)
     cache = press_prefill(model, context_ids, ragged)
     evicted, _ = teacher_forced(model, cache, fed_ids, n)
     held = sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in cache.layers)
     same_set = ragged.kept == keep[:, 0].sum(-1).tolist() and bool(torch.equal(
-        allocation_keep(raised(kvzip_scoring.SCORES.stored()[-1], ragged.n_sink), ratio, "ragged"), keep))
+        allocation_keep(raised(kvzip_scoring.SCORES.stored()[-1], ragged.n_sink), ratio, "padded"), keep))
     del cache
     full, _ = teacher_forced(model, press_prefill(model, context_ids, None), fed_ids, n)
     ref = dense_reference(model64, context_ids, fed_ids, keep)
@@ -172,7 +172,7 @@ def allocation(scores: torch.Tensor, ratio: float) -> dict:
     from kvpress_prob.presses.allocations import allocation_keep, widest_fit
 
     L, _, H, n = scores.shape
-    rag = allocation_keep(scores, ratio, "ragged")[:, 0].sum(-1)  # (L, H)
+    rag = allocation_keep(scores, ratio, "padded")[:, 0].sum(-1)  # (L, H)
     k, widths = widest_fit(scores, ratio)
     mean = rag.sum(-1) // H
     return {"ratio": ratio, "kvzip_counts": rag.tolist(), "padding_ragged": float(rag.amax(-1).sum() * H / rag.sum()),

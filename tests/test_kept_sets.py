@@ -47,7 +47,8 @@ SINCE = {"cross_kvzip_block1_a75_widest": "tests/test_widest_cross.py",
          "cross_kvzip_block1_a90_widest_nocorr": "tests/test_widest_cross.py",
          "cross_kvzip_block1_a50_toprest_widest": "tests/test_widest_cross.py",
          "cross_kvzip_block1_a75_toprest_widest": "tests/test_widest_cross.py",
-         "topk_gate_widest": "tests/test_gate.py"}
+         "topk_gate_widest": "tests/test_gate.py",
+         "topk_kvzip_global": "tests/test_ragged_press.py"}
 
 
 def test_the_snapshot_covers_the_catalogue_and_the_records():

@@ -37,9 +37,9 @@ def test_kvzip_mask_equals_explicit_eviction_and_a_float64_reference(arch):
     masked, _ = teacher_forced(model, cache, fed, n)
     for layer in layers:
         correction.reset(layer.self_attn)
-    ragged = get_press("topk_kvzip_ragged", 0.5)
+    ragged = get_press("topk_kvzip_padded", 0.5)
     evicted_cache = press_prefill(model, ids, ragged)
-    assert torch.equal(allocation_keep(_scores(ragged, n), 0.5, "ragged"), keep)  # exactly kvpress's set
+    assert torch.equal(allocation_keep(_scores(ragged, n), 0.5, "padded"), keep)  # exactly kvpress's set
     assert ragged.kept == keep[:, 0].sum(-1).tolist()
     evicted, _ = teacher_forced(model, evicted_cache, fed, n)
     reference = dense_reference(model64, ids, fed, keep).float()
@@ -58,7 +58,7 @@ def test_kvpress_native_mask_of_one_decoding_step_matches_the_eviction():
     native, _ = teacher_forced(model, cache, token, n)
     for layer in language_model(model).layers:
         del layer.self_attn.masked_key_indices
-    evicted, _ = teacher_forced(model, press_prefill(model, ids, get_press("topk_kvzip_ragged", 0.75)), token, n)
+    evicted, _ = teacher_forced(model, press_prefill(model, ids, get_press("topk_kvzip_padded", 0.75)), token, n)
     full, _ = teacher_forced(model, press_prefill(model, ids, None), token, n)
     assert (full - evicted).abs().max() > 1e-2
     assert torch.allclose(native, evicted, atol=1e-4, rtol=0)
@@ -72,7 +72,7 @@ def test_kvzip_mask_holds_in_batched_decoding(tokenizer):
     kvzip_scoring.clear_scores()
     layers = language_model(model).layers
     items = [Compressed.take(press_prefill(model, ids, get_press("kvzip", 0.75)), layers),
-             Compressed.take(press_prefill(model, ids, get_press("topk_kvzip_ragged", 0.75)), layers),
+             Compressed.take(press_prefill(model, ids, get_press("topk_kvzip_padded", 0.75)), layers),
              Compressed.take(press_prefill(model, ids, None), layers)]
     a, b, full = generate_batch(model, tokenizer, question, items, n, 12)
     assert a == b and a != full
@@ -115,7 +115,7 @@ def test_equal_memory_allocations_fit_the_bytes(ratio):
                     assert torch.equal(keep[layer, 0, h].nonzero().flatten(),
                                        scores[layer, 0, h].topk(w).indices.sort().values)
         teacher_forced(model, cache, random_ids(5, seed=18), n)  # layers of different lengths decode
-    ragged = press_prefill(model, ids, get_press("topk_kvzip_ragged", ratio))
+    ragged = press_prefill(model, ids, get_press("topk_kvzip_padded", ratio))
     assert cache_summary(ragged, None, n)[1] >= (1 - ratio) * full_bytes  # the diagnostic holds more
 
 
@@ -125,6 +125,6 @@ def test_kvzip_keep_is_kvpress_compress_post_and_refusals():
     assert int((~keep).sum()) == int(scores.numel() * 0.5)
     assert bool((scores[keep].min() > scores[~keep].max()))  # continuous random scores: no ties
     with pytest.raises(ValueError, match="allocation"):
-        KVzipAllocatedPress(compression_ratio=0.5, allocation="padded")
+        KVzipAllocatedPress(compression_ratio=0.5, allocation="ragged")
     with pytest.raises(ValueError, match="batch size"):
         widest_fit(torch.rand(2, 2, 2, 8), 0.5)

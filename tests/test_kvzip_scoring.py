@@ -190,7 +190,7 @@ def test_widest_fit_refuses_a_budget_below_one_entry_per_layer():
             assert int(widths.sum()) <= 3 * max(1, int(n * (1 - ratio))) and (widths >= 1).all()
 
 
-@pytest.mark.parametrize("name", ["topk_kvzip_widest", "topk_kvzip_ragged", "topk_kvzip_ragged_fit"])
+@pytest.mark.parametrize("name", ["topk_kvzip_widest", "topk_kvzip_padded", "topk_kvzip_ragged_fit"])
 def test_get_press_refuses_overrides_the_allocated_presses_ignore(name):
     for key, value in dict(seed=3, floor=0.1, layers=True, sampler="priority", budget="layer", correct=False,
                            layerwise=True).items():

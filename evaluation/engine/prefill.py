@@ -38,6 +38,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from kvpress_prob import SamplingPress
+from kvpress_prob.cache import RaggedLayer
 from kvpress_prob.correction import bias as correction
 from kvpress_prob.presses.sampling import language_model
 from kvpress_prob.presses.h2o import EagerObservedAttentionPress
@@ -329,14 +330,22 @@ class Prefill:
         return cache
 
 
+def kv_bytes(layer) -> int:
+    """Bytes of the storage of the keys and values a cache layer holds: a view keeps its whole tensor alive, so
+    its storage counts, not its own elements; a ``RaggedLayer``'s flat buffers (its bias: ``bias_bytes``)."""
+    tensors = (layer.flat_keys, layer.flat_values) if isinstance(layer, RaggedLayer) else (layer.keys, layer.values)
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
+
+
 def cache_summary(cache: DynamicCache, press: BasePress | None, n: int) -> tuple[float, int]:
-    """(realised compression ratio, bytes of keys and values held)."""
-    held = sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in cache.layers)
+    """(realised compression ratio, bytes of keys and values held: ``kv_bytes``)."""
+    held = sum(kv_bytes(layer) for layer in cache.layers)
     if isinstance(press, SamplingPress) and press.stats:  # no stats at ratio 0: nothing was evicted
         return press.stats["realised_ratio"], held
     if isinstance(press, AdaKVPress):  # masks entries, frees nothing
         return press.compression_ratio, held
-    stored = sum(layer.keys.shape[2] for layer in cache.layers)
+    stored = sum(sum(layer.lengths) / len(layer.lengths) if isinstance(layer, RaggedLayer) else layer.keys.shape[2]
+                 for layer in cache.layers)
     return 1.0 - stored / (n * len(cache.layers)), held
 
 
@@ -346,6 +355,9 @@ def bias_bytes(cache, layers) -> int:
     total = 0
     for layer in layers:
         bias = correction.bias_of(layer.self_attn, cache)
+        cache_layer = cache.layers[layer.self_attn.layer_idx]
+        if isinstance(cache_layer, RaggedLayer):  # its own bias, per kept entry (None: weight 1)
+            bias = cache_layer.bias
         if bias is not None:
             total += bias.numel() * bias.element_size()
     return total

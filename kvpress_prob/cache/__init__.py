@@ -1,5 +1,4 @@
-"""The ragged cache: every KV head of a layer holds its own kept entries (``ragged``), decoded by its own
-attention route (``attention``)."""
+"""The ragged cache: each KV head of a layer holds its own kept entries, read by its own attention route."""
 
 from kvpress_prob.cache.ragged import RaggedLayer, evict_ragged
 

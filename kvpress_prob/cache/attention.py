@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from kvpress_prob.cache.ragged import RaggedContext, RaggedKeys
+from kvpress_prob.cache.layout import RaggedContext, RaggedKeys
 
 _WRAPPED = "_kvprob_ragged_wrapped"  # on a wrapper function: marks it as this module's
 

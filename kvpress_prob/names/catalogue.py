@@ -140,7 +140,7 @@ NAMED_SHIPPED: dict[str, str] = {
         "prob_decode_min_variance_priority", "prob_decode_tova_priority", "prob_decode_attn_threshold",
         "prob_decode_attn_stratified", "prob_decode_attn_block4", "prob_decode_attn_vase",
         "prob_decode_min_variance_priority_floor20", "prob_decode_min_variance_priority_floor20_layers")},
-    **{f"topk_kvzip_{a}": "top-k twins" for a in ("ragged", "widest", "ragged_fit")},
+    **{f"topk_kvzip_{a}": "top-k twins" for a in ("padded", "widest", "ragged_fit", "global")},
 }
 
 #: Per-name statuses, where a name differs from its family's.

@@ -5,8 +5,11 @@ kvpress's ``KVzipPress`` (Kim et al., "KVzip: Query-Agnostic KV Cache Compressio
 ``compress_post``): every head keeps its own count. A cache stores a layer's heads at one length, so
 ``allocation_keep`` offers (``ALLOCATIONS``):
 
-- ``"ragged"``: exactly kvpress's kept set, padded per layer: a diagnostic (not a candidate), which holds more
+- ``"padded"``: exactly kvpress's kept set, padded per layer: a diagnostic (not a candidate), which holds more
   bytes than kvpress's top-k (measured on the cache).
+- ``"global"``: the global top L H ``compute_n_kept(n, r)`` of the scores (``global_keep``): snapkv's count of
+  entries, and kvpress's own set up to L H rounding entries. Evicted into ``RaggedLayer``s
+  (``kvpress_prob.cache``), every head holds exactly its own count: no padding, no bias.
 - ``"widest"``: equal memory. The largest global top whose padded footprint, sum over layers of H times the
   layer's largest head count, fits the budget (1 - r) L H n (``widest_fit``); every head of a layer then keeps
   its own top at that width (the slots padding would leave empty hold the other heads' next entries).
@@ -24,7 +27,7 @@ from kvpress.utils import compute_n_kept
 
 from kvpress_prob.correction import bias as correction
 
-ALLOCATIONS = ("ragged", "widest", "ragged_fit")
+ALLOCATIONS = ("padded", "widest", "ragged_fit", "global")
 
 
 def kvzip_keep(scores: torch.Tensor, ratio: float) -> torch.Tensor:
@@ -38,6 +41,15 @@ def kvzip_keep(scores: torch.Tensor, ratio: float) -> torch.Tensor:
     for layer in range(L):
         out = torch.topk(-scores[layer].reshape(b, -1), int(per_layer[layer]), dim=1).indices  # (b, k)
         keep[layer].view(b, H * n).scatter_(1, out, False)
+    return keep.view(L, b, H, n)
+
+
+def global_keep(scores: torch.Tensor, ratio: float) -> torch.Tensor:
+    """The (L, b, H, n) bool global top L b H ``compute_n_kept(n, ratio)`` of ``scores`` (L, b, H, n), sinks already
+    raised: snapkv's count of entries, shared over every layer and head by score."""
+    L, b, H, n = scores.shape
+    keep = torch.zeros(scores.numel(), dtype=torch.bool, device=scores.device)
+    keep[scores.reshape(-1).topk(L * b * H * compute_n_kept(n, ratio)).indices] = True
     return keep.view(L, b, H, n)
 
 
@@ -74,8 +86,10 @@ def widest_fit(scores: torch.Tensor, ratio: float) -> tuple[int, torch.Tensor]:
 
 def allocation_keep(scores: torch.Tensor, ratio: float, allocation: str) -> torch.Tensor:
     """The (L, 1, H, n) kept set of ``allocation`` (``ALLOCATIONS``) on ``scores``, sinks already raised."""
-    if allocation == "ragged":
+    if allocation == "padded":
         return kvzip_keep(scores, ratio)
+    if allocation == "global":
+        return global_keep(scores, ratio)
     k, widths = widest_fit(scores, ratio)
     L, _, H, n = scores.shape
     if allocation == "ragged_fit":
@@ -114,4 +128,4 @@ def evict_keep(cache, modules, keep: torch.Tensor) -> list[list[int]]:
     return counts_all
 
 
-__all__ = ["ALLOCATIONS", "allocation_keep", "evict_keep", "kvzip_keep", "top_counts", "widest_fit"]
+__all__ = ["ALLOCATIONS", "allocation_keep", "evict_keep", "global_keep", "kvzip_keep", "top_counts", "widest_fit"]

@@ -1,9 +1,11 @@
 """KVzip's kept set under an allocation across the heads of a layer, with real eviction.
 
 ``KVzipAllocatedPress`` keeps KVzip's scores (``KVzipSampledPress``'s reconstruction pass and score cache) and
-evicts for real to the kept set of one of ``presses.allocations.ALLOCATIONS``: ``"ragged"`` (kvpress's own kept
+evicts for real to the kept set of one of ``presses.allocations.ALLOCATIONS``: ``"padded"`` (kvpress's own kept
 set, padded: a diagnostic), ``"widest"`` (equal memory, no padding, no bias: its cache is K and V only and
-decodes through the model's own attention) or ``"ragged_fit"`` (equal memory, padding with a bias).
+decodes through the model's own attention), ``"ragged_fit"`` (equal memory, padding with a bias) or
+``"global"`` (the global top of snapkv's count of entries, each head holding exactly its own count in a
+``RaggedLayer`` of ``kvpress_prob.cache``, decoded by its ragged attention route).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvpress_prob.cache import evict_ragged
 from kvpress_prob.presses.allocations import ALLOCATIONS, allocation_keep, evict_keep
 from kvpress_prob.presses.kvzip import KVzipSampledPress
 from kvpress_prob.presses.sampling import language_model
@@ -24,9 +27,10 @@ class KVzipAllocatedPress(KVzipSampledPress):
 
     Parameters
     ----------
-    allocation : {"ragged", "widest", "ragged_fit"}, default "widest"
-        "ragged": kvpress's own kept set, padded (a diagnostic, more bytes); "widest" and "ragged_fit": the
-        largest global top whose padded footprint fits (1 - r) of the cache (equal memory).
+    allocation : {"padded", "widest", "ragged_fit", "global"}, default "widest"
+        "padded": kvpress's own kept set, padded (a diagnostic, more bytes); "widest" and "ragged_fit": the
+        largest global top whose padded footprint fits (1 - r) of the cache (equal memory); "global": the global
+        top L H compute_n_kept(n, r), stored ragged (snapkv's count of entries, exactly).
     compression_ratio, n_sink, chunk_size, kvzip_plus_normalization : ``KVzipSampledPress``'s (its sampler,
         budget, seed, floor, layers and tail are unused).
     """
@@ -50,6 +54,9 @@ class KVzipAllocatedPress(KVzipSampledPress):
         if self.compression_ratio == 0:
             return
         keep = allocation_keep(self.pinned_scores(), self.compression_ratio, self.allocation)  # scores (L, b, H, n)
+        if self.allocation == "global":
+            self.kept = [list(evict_ragged(self._cache, i, keep[i]).lengths) for i in range(keep.shape[0])]
+            return
         self.kept = evict_keep(self._cache, [layer.self_attn for layer in language_model(model).layers], keep)
 
 
