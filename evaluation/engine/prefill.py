@@ -46,6 +46,7 @@ from kvpress_prob.presses.gate import GatePress
 from kvpress_prob.presses.sampling import language_model
 from kvpress_prob.presses.h2o import EagerObservedAttentionPress
 from kvpress_prob.presses.kvzip import KVzipSampledPress
+from kvpress_prob.presses.ragged_presses import RaggedAdaKVPress
 from kvpress_prob.proposals.base import scores_read_ratio
 from kvpress_prob.presses.spans import SpanPress
 
@@ -144,7 +145,7 @@ def plan(model, press: BasePress | None, n: int) -> Plan:
         return Plan("eager", ("eager",))
     if _standard_scorer(press):
         return Plan("scores", _scores_key(press), _score_of(press))
-    if type(press) is AdaKVPress and _standard_scorer(press.press) and not isinstance(press.press, ObservedAttentionPress):
+    if type(press) in (AdaKVPress, RaggedAdaKVPress) and _standard_scorer(press.press) and not isinstance(press.press, ObservedAttentionPress):
         return Plan("adakv", _scores_key(press.press), _score_of(press.press))
     return Plan("prefill")
 
@@ -321,7 +322,7 @@ class Prefill:
             return cache
         replay = ReplayedScores(compression_ratio=press.compression_ratio, scores=self._stored(p))
         if p.kind == "adakv":
-            replay = AdaKVPress(press=replay, alpha_safeguard=press.alpha_safeguard)
+            replay = type(press)(press=replay, alpha_safeguard=press.alpha_safeguard)  # masks, or evicts (ragged)
         positions = torch.arange(self.n, device=self.context_ids.device)
         for layer in self.layers:
             module = layer.self_attn

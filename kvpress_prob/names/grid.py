@@ -50,6 +50,7 @@ from kvpress_prob.proposals.pairs import PairProposal, UniformProposal
 from kvpress_prob.presses.h2o import EagerObservedAttentionPress
 from kvpress_prob.presses.kvzip import KVzipSampledPress
 from kvpress_prob.presses.kvzip_scoring import BoundedKVzipPress
+from kvpress_prob.presses.ragged_presses import KVzipRaggedPress, RaggedAdaKVPress, RaggedSamplingPress
 from kvpress_prob.samplers.mixture import MixtureSampler
 from kvpress_prob.presses.sampling import SamplingPress
 from kvpress_prob.proposals.attention import H2OProposal, MinVarianceProposal, SampledMinVarianceProposal
@@ -125,6 +126,10 @@ OPTIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                ("prob", "topk", "hybrid", "cross")),
     "widest": (r"widest", "the widest allocation (topk_kvzip_widest's widths per layer), sampled within (kvzip only)",
                ("cross",)),
+    "ragged": (r"ragged", "stored in a ragged cache, each KV head its own count, no padding "
+               "(kvpress_prob.presses.ragged_presses): prob, the draw at kvpress's count; cross (kvzip only), each "
+               "head's count in KVzip's global top; adakv, AdaKV's allocation evicted for real",
+               ("prob", "cross", "adakv")),
     "head": (r"head", "budget='head' (one budget per head)", ("prob", "topk", "hybrid")),
     "global": (r"global", "budget='global' (one budget for the model)", ("prob", "topk", "hybrid")),
     "nocorr": (r"nocorr", "correct=False: the same kept set, no SNIS correction", ("prob", "topk", "hybrid", "cross")),
@@ -266,7 +271,7 @@ def check(parts: Parts, name: str | None = None) -> None:
                       f"(SamplingPress(proposal=..., sampler=...))")
     if kind in ("kvpress", "adakv", "adaptive") and parts.unit != "token":
         _refuse(name, f"kind {kind!r} keeps tokens, not {parts.unit!r}")
-    if kind == "adakv" and KVPRESS_WRAPPED.get(parts.proposal) == "adakv":
+    if kind == "adakv" and KVPRESS_WRAPPED.get(parts.proposal) == "adakv" and "ragged" not in keys:
         _refuse(name, f"{parts.proposal!r} already runs under AdaKV")
     if kind in ("hybrid", "cross") and (not parts.unit.startswith("block") or "a" not in keys):
         _refuse(name, f"a {kind} press needs a block unit and an a<percent> option")
@@ -287,6 +292,11 @@ def check(parts: Parts, name: str | None = None) -> None:
         _refuse(name, f"the {parts.proposal} proposal takes no proposal, draw or summary option")
     if "widest" in keys and (parts.proposal != "kvzip" or "layers" in keys):
         _refuse(name, "widest is KVzip's widest allocation: the kvzip proposal, without layers")
+    if "ragged" in keys and (parts.unit.startswith("span") or {"sum", "layers", "widest"} & set(keys)
+                             or (parts.proposal == "kvzip") != (kind == "cross")):
+        _refuse(name, "ragged stores token or block draws of a sampling press (not the kvzip proposal: its ragged "
+                      "designs are cross_kvzip_..._ragged), a cross press of kvzip, or AdaKV; no spans, summary, "
+                      "layers or widest")
     if "layers" in keys and (parts.proposal != "kvzip" or {"head", "global"} & set(keys)):
         _refuse(name, "layers is KVzip's allocation over layers: the kvzip proposal, without a budget option")
     if parts.proposal == "kvzip" and parts.unit.startswith("span"):
@@ -368,7 +378,10 @@ def build(parts: Parts, compression_ratio: float) -> BasePress:
     r = compression_ratio
     if parts.kind == "cross":
         sampler = _cross_sampler(parts)
-    if parts.kind == "cross" and parts.proposal == "kvzip":
+    if parts.kind == "cross" and parts.proposal == "kvzip" and _value(parts, "ragged"):
+        press = KVzipRaggedPress(compression_ratio=r, sampler=sampler, correct=not _value(parts, "nocorr"),
+                                 tail=MinVarianceProposal(harmonic=True))
+    elif parts.kind == "cross" and parts.proposal == "kvzip":
         press = KVzipSampledPress(compression_ratio=r, sampler=sampler, budget="head", correct=not _value(parts, "nocorr"),
                                   tail=MinVarianceProposal(harmonic=True), layers=bool(_value(parts, "layers")),
                                   widest=bool(_value(parts, "widest")))
@@ -383,7 +396,9 @@ def build(parts: Parts, compression_ratio: float) -> BasePress:
             press = EagerObservedAttentionPress(compression_ratio=r)
         else:
             press = SCORERS[parts.proposal](compression_ratio=r)
-        if parts.kind == "adakv" or KVPRESS_WRAPPED.get(parts.proposal) == "adakv":
+        if parts.kind == "adakv" and _value(parts, "ragged"):
+            press = RaggedAdaKVPress(press=press)
+        elif parts.kind == "adakv" or KVPRESS_WRAPPED.get(parts.proposal) == "adakv":
             press = AdaKVPress(press=press)
     else:
         kwargs = {"compression_ratio": r}
@@ -401,7 +416,8 @@ def build(parts: Parts, compression_ratio: float) -> BasePress:
             sampler = _token_sampler(parts)
             if parts.unit.startswith("block"):
                 sampler = BlockSampler(size=int(parts.unit[5:]), inner=sampler)
-            press = SamplingPress(proposal=_proposal(parts), sampler=sampler, **kwargs)
+            ragged = RaggedSamplingPress if _value(parts, "ragged") else SamplingPress
+            press = ragged(proposal=_proposal(parts), sampler=sampler, **kwargs)
         if parts.proposal == "kvzip":
             press = KVzipSampledPress(compression_ratio=r, sampler=press.sampler, budget=press.budget,
                                       correct=press.correct, layers=bool(_value(parts, "layers")))

@@ -3,8 +3,9 @@
 - ``KVZIP_ALLOCATIONS``: KVzip's scores under an allocation over layers and heads (``presses.kvzip_alloc``),
   ``topk_kvzip_<allocation>``.
 - ``GATES``: Fast KVzip's learned gates (built by name, not shipped: a gate is trained per model): under KVzip's
-  widest allocation over all layers (``presses.gate``), ``topk_gate_widest``; or each layer evicted in its own hook
-  at kvpress's count (``presses.gate_layers``, snapkv's prefill time and peak), ``topk_gate_layers``, with the most
+  widest allocation over all layers (``presses.gate``), ``topk_gate_widest``; under their global top per head in a
+  ragged cache (``presses.ragged_presses``), ``topk_gate_ragged``; or each layer evicted in its own hook at
+  kvpress's count (``presses.gate_layers``, snapkv's prefill time and peak), ``topk_gate_layers``, with the most
   recent ``<pct>`` % of each head's count kept as the fill in ``topk_gate_layers_recent<pct>``.
 - ``ENTROPY_HYBRIDS`` (not shipped; built by name): each head's exact fraction alpha_h follows the entropy of its
   own proposal (``samplers.entropy_stratified``); the rest is priority-sampled with correction. pi_min-h under the
@@ -25,6 +26,7 @@ from kvpress_prob.presses.gate import GatePress
 from kvpress_prob.presses.gate_layers import LayerGatePress
 from kvpress_prob.presses.allocations import ALLOCATIONS
 from kvpress_prob.presses.kvzip_alloc import KVzipAllocatedPress
+from kvpress_prob.presses.ragged_presses import RaggedGatePress
 from kvpress_prob.presses.sampling import SamplingPress
 from kvpress_prob.proposals.attention import MinVarianceProposal
 from kvpress_prob.proposals.base import ScoreProposal
@@ -63,9 +65,10 @@ KVZIP_ALLOCATIONS: dict[str, Callable[[float], KVzipAllocatedPress]] = {
     f"topk_kvzip_{a}": (lambda ratio, a=a: KVzipAllocatedPress(compression_ratio=ratio, allocation=a))
     for a in ALLOCATIONS}
 
-#: Fast KVzip's gates, under the widest allocation or evicted layer by layer: name -> factory of the ratio.
+#: Fast KVzip's gates, under the widest allocation, per head in a ragged cache, or evicted layer by layer: name -> factory of the ratio.
 GATES: dict[str, Callable[[float], GatePress]] = {
     "topk_gate_widest": lambda ratio: GatePress(compression_ratio=ratio),
+    "topk_gate_ragged": lambda ratio: RaggedGatePress(compression_ratio=ratio),
     "topk_gate_layers": lambda ratio: LayerGatePress(compression_ratio=ratio),
     **{f"topk_gate_layers_recent{pct}": (lambda ratio, pct=pct: LayerGatePress(compression_ratio=ratio, window=pct / 100))
        for pct in (10, 25, 50)},

@@ -129,14 +129,18 @@ class GatePress(BasePress):
 
     @torch.no_grad()
     def compress_scores(self, cache, scores: dict[int, torch.Tensor]) -> None:
-        """Evict ``cache`` (a full prefill's, on the model this press was entered on) under the widest allocation of
-        ``scores``: layer index -> that layer's ``gate_scores`` (1, H, n). What the last hooked layer does."""
+        """Evict ``cache`` (a full prefill's, on the model this press was entered on) under this press's allocation
+        of ``scores``: layer index -> that layer's ``gate_scores`` (1, H, n). What the last hooked layer does."""
         if self.compression_ratio == 0:
             return
         device = scores[self._layers[0]].device  # layers may sit on several devices: allocate on the first's
         stacked = torch.stack([scores[i].to(device) for i in self._layers])  # (L, 1, H, n)
-        keep = allocation_keep(self.pinned(stacked), self.compression_ratio, "widest")  # (L, 1, H, n)
-        self.kept = evict_keep(cache, self._attention, keep)
+        self.kept = self.evict(cache, self.pinned(stacked))
+
+    def evict(self, cache, scores: torch.Tensor) -> list[list[int]]:
+        """Evict ``cache`` to the widest allocation of the pinned ``scores`` (L, 1, H, n); the kept counts."""
+        keep = allocation_keep(scores, self.compression_ratio, "widest")  # (L, 1, H, n)
+        return evict_keep(cache, self._attention, keep)
 
 
 __all__ = ["GatePress"]

@@ -154,6 +154,16 @@ class KVzipSampledPress(BoundedKVzipPress):
         scores[..., : self.n_sink] = scores.amax() + 1.0
         return scores
 
+    def proposals(self, scores: torch.Tensor) -> torch.Tensor:
+        """pi (L, b, H, n) from KVzip's ``scores`` (L, b, H, n): shifted to be non-negative, mixed with the uniform
+        ``floor``; with a ``tail``, (L, b, H, 2, n), KVzip's row first (it chooses the exact set), the tail's second."""
+        w = scores - scores.amin(dim=-1, keepdim=True)
+        w = torch.where(w.sum(-1, keepdim=True) > 0, w, torch.ones_like(w))
+        pi = (1 - self.floor) * w / w.sum(-1, keepdim=True) + self.floor / w.shape[-1]
+        if self.tail is not None:
+            pi = torch.stack([pi, torch.stack([self._tails[i].to(pi.device).float() for i in range(len(pi))])], dim=3)
+        return pi
+
     @torch.no_grad()
     def compress_post(self, model):
         """Keep the scores for later ratios and seeds (``remember``), then evict through ``SamplingPress.evict``."""
@@ -161,12 +171,8 @@ class KVzipSampledPress(BoundedKVzipPress):
         if self.compression_ratio == 0:
             return
         scores = self.pinned_scores()  # (L, b, H, n)
-        w = scores - scores.amin(dim=-1, keepdim=True)
-        w = torch.where(w.sum(-1, keepdim=True) > 0, w, torch.ones_like(w))
-        pi = (1 - self.floor) * w / w.sum(-1, keepdim=True) + self.floor / w.shape[-1]
+        pi = self.proposals(scores)
         modules = [layer.self_attn for layer in language_model(model).layers]
-        if self.tail is not None:  # (L, b, H, 2, n): KVzip's row chooses the exact set
-            pi = torch.stack([pi, torch.stack([self._tails[m.layer_idx].to(pi.device).float() for m in modules])], dim=3)
         if not self.allocated:
             self.evictor().evict(self._cache, {m: pi[m.layer_idx].to(self._cache.layers[m.layer_idx].keys.device)
                                                 for m in modules})

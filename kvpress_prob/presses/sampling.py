@@ -309,31 +309,20 @@ class SamplingPress(BasePress):
         modules = sorted(proposals, key=lambda module: module.layer_idx)
         device = proposals[modules[0]].device  # layers may sit on several devices: draw on the first one's
         pi = torch.stack([proposals[module].to(device) for module in modules]).double()  # (L, b, H_kv, n)
-        result = prefill_modes.draw(self.sampler, modules, pi, self.compression_ratio, self.budget, self.seed)
+        ratio = self.draw_ratio(pi.shape[-1])
+        result = prefill_modes.draw(self.sampler, modules, pi, ratio, self.budget, self.seed)
         self.last_draw = result
         tau = self.temperature if self.correct else float("inf")
         kept, stored, bytes_kv, bytes_full, bytes_bias = [], [], 0, 0, 0
         for index, module in enumerate(modules):
-            layer = cache.layers[module.layer_idx]
-            keys, values = layer.keys, layer.values  # (b, H_kv, n, d)
+            keys = cache.layers[module.layer_idx].keys  # (b, H_kv, n, d)
             keep, log_weight = result.keep[index].to(keys.device), result.log_weight[index].to(keys.device)  # (b, H_kv, n)
-            counts = keep.sum(dim=-1)  # (b, H_kv)
-            n_stored = max(1, int(counts.max()))
-            # kept positions first, in prefix order, then padding
-            order = (~keep).to(torch.int8).argsort(dim=-1, stable=True)[..., :n_stored]  # (b, H_kv, S)
-            index_kv = order[..., None].expand(-1, -1, -1, keys.shape[-1])
             bytes_full += keys.numel() * keys.element_size() * 2
-            layer.keys = keys.gather(2, index_kv).contiguous()
-            layer.values = values.gather(2, index_kv).contiguous()
-            dtype = keys.dtype if self.bias_dtype == "keys" else torch.float32  # the stored bias's
-            lowest = torch.full(order.shape, correction.padding(dtype), dtype=torch.float32, device=keys.device)
-            is_kept = torch.arange(n_stored, device=keys.device) < counts[..., None]
-            weight = log_weight.gather(-1, order) / tau if tau != float("inf") else torch.zeros_like(lowest)
-            bias = torch.where(is_kept, weight, lowest).to(dtype)
-            bytes_bias += correction.store(module, bias, cache)  # none when it is all 0 (top-k, no padding)
-            kept.append(counts[0].tolist())
+            n_stored, layer_kv, layer_bias = self.store(cache, module, keep, log_weight, tau)
+            bytes_kv += layer_kv
+            bytes_bias += layer_bias
+            kept.append(keep.sum(dim=-1)[0].tolist())
             stored.append(n_stored)
-            bytes_kv += layer.keys.numel() * layer.keys.element_size() * 2
         n, heads = pi.shape[-1], pi.shape[2]
         kept_total = sum(map(sum, kept))
         entry_bytes = bytes_full // (len(modules) * heads * n)  # bytes of one entry (key + value)
@@ -351,6 +340,32 @@ class SamplingPress(BasePress):
             "padding": bytes_kv / max(1, kept_total * entry_bytes),
         }
         return result
+
+    def draw_ratio(self, n: int) -> float:
+        """The compression ratio the draw is made at, for a prefix of ``n`` entries: ``compression_ratio``."""
+        return self.compression_ratio
+
+    def store(self, cache: Cache, module: nn.Module, keep: torch.Tensor, log_weight: torch.Tensor,
+              tau: float) -> tuple[int, int, int]:
+        """Cut layer ``module.layer_idx`` of ``cache`` to ``keep`` (b, H_kv, n): each head's kept entries first, in
+        prefix order, padded to the layer's largest count, with log_weight (b, H_kv, n) / ``tau`` as the correction
+        bias (``correction.store``). Returns (the stored length, bytes of K and V stored, bytes of the bias)."""
+        layer = cache.layers[module.layer_idx]
+        keys, values = layer.keys, layer.values  # (b, H_kv, n, d)
+        counts = keep.sum(dim=-1)  # (b, H_kv)
+        n_stored = max(1, int(counts.max()))
+        # kept positions first, in prefix order, then padding
+        order = (~keep).to(torch.int8).argsort(dim=-1, stable=True)[..., :n_stored]  # (b, H_kv, S)
+        index_kv = order[..., None].expand(-1, -1, -1, keys.shape[-1])
+        layer.keys = keys.gather(2, index_kv).contiguous()
+        layer.values = values.gather(2, index_kv).contiguous()
+        dtype = keys.dtype if self.bias_dtype == "keys" else torch.float32  # the stored bias's
+        lowest = torch.full(order.shape, correction.padding(dtype), dtype=torch.float32, device=keys.device)
+        is_kept = torch.arange(n_stored, device=keys.device) < counts[..., None]
+        weight = log_weight.gather(-1, order) / tau if tau != float("inf") else torch.zeros_like(lowest)
+        bias = torch.where(is_kept, weight, lowest).to(dtype)
+        bytes_bias = correction.store(module, bias, cache)  # none when it is all 0 (top-k, no padding)
+        return n_stored, layer.keys.numel() * layer.keys.element_size() * 2, bytes_bias
 
     @contextmanager
     def __call__(self, model: PreTrainedModel):

@@ -65,29 +65,46 @@ class CrossStratifiedSampler(Sampler):
         check_ratio(compression_ratio)
         if scope != "head":
             raise ValueError(f"CrossStratifiedSampler needs budget='head' (one count per head), got {scope!r}")
-        if pi.dim() != 5 or pi.shape[3] != 2:
-            raise ValueError(f"pi must be (L, b, H, 2, n) from a PairProposal, got shape {tuple(pi.shape)}")
+        check_pair(pi)
+        L, b, H, _, n = pi.shape
+        k = compute_n_kept(n, compression_ratio)
+        draw = self.keep_counts(pi, torch.full((L, b, H), k, dtype=torch.long, device=pi.device), generator)
+        draw.stats = {"exact_blocks_per_head": min(int(self.alpha * k) // self.size, -(-n // self.size)),
+                      "kept_per_head": k}
+        return draw
+
+    def keep_counts(self, pi: torch.Tensor, counts: torch.Tensor, generator) -> Draw:
+        """The draw with each head's own count: pi (L, b, H, 2, n) from ``PairProposal``, counts (L, b, H) long in
+        [0, n]. Head h keeps floor(alpha k_h / size) exact blocks by row 0 (at most every block), then fills to k_h
+        from row 1 outside them (``fill``); ``__call__`` is this with kvpress's count in every head."""
+        check_pair(pi)
         pi = pi.double()
         exact_pi, sample_pi = pi[..., 0, :], pi[..., 1, :]  # (L, b, H, n)
         L, b, H, n = exact_pi.shape
-        k = compute_n_kept(n, compression_ratio)
+        if counts.shape != (L, b, H) or bool((counts < 0).any()) or bool((counts > n).any()):
+            raise ValueError(f"counts must be (L, b, H) = {(L, b, H)} in [0, {n}], got shape {tuple(counts.shape)} "
+                             f"in [{int(counts.min())}, {int(counts.max())}]")
+        counts = counts.to(pi.device).long()
         blocks = -(-n // self.size)
         block_pi = F.pad(exact_pi, (0, blocks * self.size - n)).view(L, b, H, blocks, self.size).sum(-1)
-        n_blocks = min(int(self.alpha * k) // self.size, blocks)
-        count = torch.full((L, b, H), n_blocks, dtype=torch.long, device=pi.device)
-        top = top_by_rank(block_pi, count).repeat_interleave(self.size, dim=-1)[..., :n]  # (L, b, H, n)
+        n_blocks = (torch.floor(self.alpha * counts.double()).long() // self.size).clamp(max=blocks)  # (L, b, H)
+        top = top_by_rank(block_pi, n_blocks).repeat_interleave(self.size, dim=-1)[..., :n]  # (L, b, H, n)
         rest = renormalise(sample_pi, ~top)
-        target = (k - top.sum(-1)).clamp(min=0)  # (L, b, H)
+        target = (counts - top.sum(-1)).clamp(min=0)  # (L, b, H)
         sampled, log_w = self.fill(rest, target, generator)
         keep = top | sampled
         log_weight = torch.where(top, 0.0, torch.where(sampled, log_w, float("-inf")))
-        return Draw(keep=keep, log_weight=log_weight.float(),
-                    stats={"exact_blocks_per_head": n_blocks, "kept_per_head": k})
+        return Draw(keep=keep, log_weight=log_weight.float())
 
     def fill(self, rest: torch.Tensor, target: torch.Tensor, generator) -> tuple[torch.Tensor, torch.Tensor]:
         """The positions that fill each head after its exact set, and their log-weights: a priority draw of
         ``target`` (L, b, H) positions from ``rest`` (L, b, H, n), row 1 renormalised outside the exact set."""
         return priority_draw(rest, target, generator)
+
+
+def check_pair(pi: torch.Tensor) -> None:
+    if pi.dim() != 5 or pi.shape[3] != 2:
+        raise ValueError(f"pi must be (L, b, H, 2, n) from a PairProposal, got shape {tuple(pi.shape)}")
 
 
 @dataclass(kw_only=True)

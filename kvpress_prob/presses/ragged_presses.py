@@ -1,0 +1,204 @@
+"""Presses whose KV heads keep their own counts, evicted for real into a ragged cache (``kvpress_prob.cache``).
+
+A cache stores all heads of a layer at one length, so a press whose heads keep different counts either masks
+(frees nothing), pads each layer to its neediest head, or flattens it to one width. These presses store each
+head's kept entries in a ``RaggedLayer`` (``evict_ragged``): the cache holds exactly the kept entries' K and V,
+plus the SNIS log-weight of each kept entry where the press samples, and decodes through the ragged attention
+route. Each head's kept set is one of ``presses.per_head``'s (or a sampler's draw).
+
+- ``RaggedSamplingPress``: the paper's presses (``SamplingPress``), with their global soft budget drawn at
+  kvpress's count and stored without padding (``prob_min_h_ragged``).
+- ``KVzipRaggedPress``: KVzip's scores; each head keeps its count in KVzip's global top, filled by the cross and
+  toprest designs (``cross_kvzip_block1_a75_toprest_ragged``).
+- ``RaggedAdaKVPress``: kvpress's ``AdaKVPress`` allocation over any kvpress scorer, evicted for real
+  (``adakv_snapkv_ragged``).
+- ``RaggedGatePress``: Fast KVzip's learned gates, each head keeping its share of their global top
+  (``topk_gate_ragged``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from kvpress import AdaKVPress
+from kvpress.presses.base_press import is_prefilling
+from torch import nn
+from transformers import Cache, QuantizedCache
+
+from kvpress_prob.cache import RaggedLayer, evict_ragged
+from kvpress_prob.presses.gate import GatePress
+from kvpress_prob.presses.kvzip import KVzipSampledPress
+from kvpress_prob.presses.per_head import adakv_keep, global_counts, global_top, kvpress_count_ratio
+from kvpress_prob.presses.sampling import SamplingPress, language_model
+from kvpress_prob.samplers.cross import CrossStratifiedSampler, CrossTopSampler
+
+
+def on_device(cache: Cache, layer_idx: int, device: torch.device) -> RaggedLayer:
+    """Layer ``layer_idx`` of ``cache`` (a ``RaggedLayer``) with its buffers on ``device`` (rebuilt there when the
+    eviction ran elsewhere: a prefill that waits in host memory evicts there)."""
+    layer = cache.layers[layer_idx]
+    if layer.device == torch.device(device):
+        return layer
+    bias = None if layer.bias is None else layer.bias.to(device)
+    cache.layers[layer_idx] = RaggedLayer(layer.flat_keys.to(device), layer.flat_values.to(device), layer.lengths,
+                                          layer.context_length, bias)
+    return cache.layers[layer_idx]
+
+
+def held_bytes(layer: RaggedLayer) -> tuple[int, int]:
+    """(bytes of the storage of the layer's K and V buffers, bytes of its bias's: 0 when it stores none)."""
+    kv = sum(t.untyped_storage().nbytes() for t in (layer.flat_keys, layer.flat_values))
+    return kv, 0 if layer.bias is None else layer.bias.untyped_storage().nbytes()
+
+
+@dataclass
+class RaggedSamplingPress(SamplingPress):
+    """The paper's probabilistic eviction (Geh, Chen, Israel, Grover, Van den Broeck, "A Probabilistic
+    Interpretation of KV Cache Eviction", 2026) stored without padding: each KV head keeps what it drew.
+
+    ``SamplingPress`` with two changes. Each layer becomes a ``RaggedLayer`` holding exactly its heads' kept
+    entries and, where the press corrects, each kept entry's log-weight / temperature as its SNIS bias (in the
+    ``bias_dtype``); nothing is padded. The draw's expected kept count is kvpress's count
+    ``compute_n_kept(n, r)`` per head over the budget's scope (``per_head.kvpress_count_ratio``), snapkv's count
+    of entries, where ``SamplingPress`` expects (1 - r) n (up to one entry more per head). Decoding runs through
+    the ragged attention route (``kvpress_prob.cache.attention``).
+
+    Parameters
+    ----------
+    proposal, sampler, compression_ratio, temperature, correct, budget, seed, bias_dtype, prefill
+        As ``SamplingPress``'s.
+    """
+
+    def draw_ratio(self, n: int) -> float:
+        """The ratio whose expected count is kvpress's, ``compute_n_kept(n, compression_ratio)`` per head."""
+        return kvpress_count_ratio(n, self.compression_ratio)
+
+    def store(self, cache: Cache, module: nn.Module, keep: torch.Tensor, log_weight: torch.Tensor,
+              tau: float) -> tuple[int, int, int]:
+        """Evict layer ``module.layer_idx`` to ``keep`` (1, H_kv, n) in a ``RaggedLayer`` with log_weight / ``tau``
+        at the kept entries as its bias (none when tau is inf or every weight is 1); the layer sits on its
+        module's device. Returns (its widest head's count, bytes of K and V held, bytes of the bias held)."""
+        keys = cache.layers[module.layer_idx].keys  # (1, H_kv, n, d)
+        dtype = keys.dtype if self.bias_dtype == "keys" else torch.float32
+        bias = None if tau == float("inf") else torch.where(keep, log_weight / tau, 0.0).to(dtype)  # (1, H_kv, n)
+        evict_ragged(cache, module.layer_idx, keep, bias)
+        layer = on_device(cache, module.layer_idx, next(module.parameters()).device)
+        return max(layer.lengths), *held_bytes(layer)
+
+
+@dataclass
+class KVzipRaggedPress(KVzipSampledPress):
+    """KVzip's reconstruction scores (Kim et al., "KVzip: Query-Agnostic KV Cache Compression with Context
+    Reconstruction", 2025), each KV head keeping its own count, evicted for real into a ragged cache.
+
+    Each head's count k_h is what it holds of the global top ``L H compute_n_kept(n, r)`` of KVzip's scores
+    (``per_head.global_counts``: snapkv's count of entries in all, kvpress ``KVzipPress``'s allocation). The
+    ``sampler`` fills each head's k_h (``CrossStratifiedSampler.keep_counts``): the ``alpha`` share as KVzip's top
+    blocks, the rest from the ``tail`` proposal (pi_min-h), by its top (``CrossTopSampler``, weight 1: no bias) or
+    by priority sampling (``CrossStratifiedSampler``, with its log-weights stored as the SNIS bias where
+    ``correct``). Each layer becomes a ``RaggedLayer``.
+
+    Parameters
+    ----------
+    compression_ratio, seed, correct, floor, n_sink, chunk_size, kvzip_plus_normalization
+        As ``KVzipSampledPress``'s.
+    sampler : CrossStratifiedSampler or CrossTopSampler
+        The design filling each head's count (required, with ``tail``).
+    tail : Proposal
+        The proposal the rest is chosen from (``MinVarianceProposal(harmonic=True)``).
+    """
+
+    def __post_init__(self):
+        if type(self.sampler) not in (CrossStratifiedSampler, CrossTopSampler):
+            raise ValueError(f"sampler must be a CrossStratifiedSampler or CrossTopSampler (their keep_counts fill "
+                             f"each head's own count), got {type(self.sampler).__name__}")
+        if self.layers or self.widest:
+            raise ValueError("layers and widest set one count per layer: a ragged press keeps each head's own")
+        super().__post_init__()
+        self.kept: list[list[int]] = []
+
+    def unused_fields(self) -> set[str]:
+        """``layerwise``, ``budget``, ``layers`` and ``widest`` (each head's count is its share of the global top),
+        ``seed`` under a deterministic sampler."""
+        return {"layerwise", "budget", "layers", "widest"} | (set() if self.sampler.random else {"seed"})
+
+    @torch.no_grad()
+    def compress_post(self, model):
+        """Keep the scores for later ratios and seeds (``remember``), then evict each head to its count."""
+        self.remember(model)
+        if self.compression_ratio == 0:
+            return
+        scores = self.pinned_scores()  # (L, 1, H, n)
+        counts = global_counts(scores, self.compression_ratio)  # (L, 1, H)
+        generator = torch.Generator(device=scores.device).manual_seed(self.seed)
+        draw = self.sampler.keep_counts(self.proposals(scores), counts, generator)
+        corrected = self.sampler.random and self.correct
+        for module in (layer.self_attn for layer in language_model(model).layers):
+            i = module.layer_idx
+            keys = self._cache.layers[i].keys  # (1, H, n, d)
+            keep = draw.keep[i].to(keys.device)
+            bias = torch.where(keep, draw.log_weight[i].to(keys.device), 0.0).to(keys.dtype) if corrected else None
+            evict_ragged(self._cache, i, keep, bias)
+        self.kept = counts[:, 0].tolist()
+
+
+@dataclass
+class RaggedAdaKVPress(AdaKVPress):
+    """kvpress's ``AdaKVPress`` (Feng et al., "Ada-KV: Optimizing KV Cache Eviction by Adaptive Budget Allocation
+    for Efficient LLM Inference", 2024) evicted for real: the same kept set, in a ragged cache.
+
+    kvpress's AdaKV masks the entries it evicts (``masked_key_indices``: the full K and V stay on the cache). Here
+    each layer, at its own prefill hook, keeps ``per_head.adakv_keep`` of its ``press``'s scores (each head's
+    safeguard top, then the layer's top ``H compute_n_kept(n, r)``) and becomes a ``RaggedLayer`` of exactly those
+    entries; no mask is left on the module.
+
+    Parameters
+    ----------
+    press : ScorerPress
+        The kvpress scorer (its ``compression_ratio`` is this press's).
+    alpha_safeguard : float, default 0.20
+        Share of kvpress's count each head keeps at least, in [0, 1].
+    """
+
+    def forward_hook(self, module: nn.Module, input: list, kwargs: dict, output: list):
+        """At prefill, score this layer, keep AdaKV's set, and replace the layer by a ``RaggedLayer``."""
+        hidden_states = kwargs["hidden_states"]
+        if not is_prefilling(kwargs["cache_position"], hidden_states.shape[1]) or self.compression_ratio == 0:
+            return output
+        cache = kwargs["past_key_values"]
+        if isinstance(cache, QuantizedCache):
+            raise ValueError("RaggedAdaKVPress evicts into a ragged cache: a QuantizedCache is not supported")
+        if hidden_states.shape[0] != 1:
+            raise ValueError(f"RaggedAdaKVPress supports batch size 1 (heads keep different counts), got "
+                             f"{hidden_states.shape[0]}")
+        layer = cache.layers[module.layer_idx]
+        scores = self.press.score(module, hidden_states, layer.keys, layer.values, output[1], kwargs)  # (1, H, n)
+        evict_ragged(cache, module.layer_idx, adakv_keep(scores, self.compression_ratio, self.alpha_safeguard))
+        return output
+
+
+@dataclass
+class RaggedGatePress(GatePress):
+    """Fast KVzip's learned gates (Kim, Han, Yun, "Fast KVzip: Efficient and Accurate LLM Inference with Gated KV
+    Eviction", arXiv 2601.17668) with a per-head allocation, evicted for real into a ragged cache.
+
+    ``GatePress``'s scores (the gate of each layer, sinks pinned), kept as their global top
+    ``L H compute_n_kept(n, r)`` over every layer and head (``per_head.global_top``: snapkv's count of entries,
+    KVzip's allocation) instead of the widest allocation; each layer becomes a ``RaggedLayer``, no bias.
+
+    Parameters
+    ----------
+    compression_ratio, gate, n_sink
+        As ``GatePress``'s.
+    """
+
+    def evict(self, cache, scores: torch.Tensor) -> list[list[int]]:
+        """Evict ``cache`` to the global top of the pinned ``scores`` (L, 1, H, n); the kept counts per head."""
+        keep = global_top(scores, self.compression_ratio)
+        for module in self._attention:
+            evict_ragged(cache, module.layer_idx, keep[module.layer_idx])
+        return keep[:, 0].sum(-1).tolist()
+
+
+__all__ = ["KVzipRaggedPress", "RaggedGatePress", "RaggedAdaKVPress", "RaggedSamplingPress", "held_bytes", "on_device"]
