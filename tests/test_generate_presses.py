@@ -4,6 +4,8 @@ decoding forward, before it runs."""
 
 import pytest
 
+from kvpress_prob.cache import RaggedLayer
+
 from kvpress_prob.names.registry import PRESSES
 from kvpress_prob.presses.h2o import EagerObservedAttentionPress
 from kvpress_prob.presses.kvzip_scoring import BoundedKVzipPress
@@ -28,7 +30,7 @@ def kept_per_head(cache, layers) -> float:
     less the entries a masking press (kvpress's AdaKV, KVzip) masks."""
     out = 0.0
     for layer, cache_layer in zip(layers, cache.layers):
-        stored = cache_layer.keys.shape[2]
+        stored = max(cache_layer.lengths) if isinstance(cache_layer, RaggedLayer) else cache_layer.keys.shape[2]
         masked = getattr(layer.self_attn, "masked_key_indices", None)
         heads = cache_layer.keys.shape[1]
         out = max(out, stored - (0 if masked is None else len(masked[0]) / heads))
