@@ -185,3 +185,20 @@ def test_the_fast_pick_and_the_merge():
     assert p["RECOMMENDED_FAST"] == "fast" and p["RECOMMENDED"] == "slow" and "RECOMMENDED_SLOW" not in p
     assert "RECOMMENDED_FAST" not in picks(t, size=lambda press: 0, prefill=pd.Series({"slow": 4.0}))
     assert "RECOMMENDED_FAST" not in picks(t, size=lambda press: 0)
+
+
+def test_the_decode_bound_and_the_fast_peak():
+    """With decode steps, a candidate also needs one at most 1.10 x snapkv's (an unpriced press is no candidate);
+    with a peak, RECOMMENDED_FAST also needs a prefill peak at most 1.2 x snapkv's."""
+    t = _table({"best": (0.60, 0.7, 1.0), "slow_decode": (0.70, 0.8, 1.0), "cheap": (0.40, 0.5, 1.0),
+                "lean": (0.35, 0.4, 1.0), "unpriced": (0.9, 0.9, 1.0)})
+    decode = pd.Series({"best": 1.10, "slow_decode": 1.11, "cheap": 1.0, "lean": 0.99})
+    p = picks(t, size=lambda press: 0, decode=decode)
+    assert p["RECOMMENDED"] == "best" and p["RECOMMENDED_RETRIEVAL"] == "best"
+    assert picks(t, size=lambda press: 0)["RECOMMENDED"] == "unpriced"  # without the bound, the best worst
+    prefill = pd.Series({"best": 4.0, "slow_decode": 1.0, "cheap": 1.1, "lean": 1.0})
+    peak = pd.Series({"best": 1.5, "slow_decode": 1.0, "cheap": 1.45, "lean": 1.01})
+    assert picks(t, size=lambda press: 0, prefill=prefill, decode=decode)["RECOMMENDED_FAST"] == "cheap"
+    assert picks(t, size=lambda press: 0, prefill=prefill, peak=peak, decode=decode)["RECOMMENDED_FAST"] == "lean"
+    with pytest.raises(ValueError, match="decode step"):
+        picks(t.loc[["slow_decode", "unpriced"]], size=lambda press: 0, decode=decode)

@@ -191,3 +191,17 @@ def test_records_combine_first_wins_and_the_note_names_each_run(record, tmp_path
     text = price.note(both, ["toprest"], [record, other])
     assert "within each run" in text and "--presses toprest` for `toprest`" in text
     assert price.combine([None]) is None
+
+
+def test_a_rule_reads_each_press_at_its_dearest_row_of_enough_rounds(record, tmp_path):
+    """``highest``: the largest of each figure over every record's rows of at least 3 rounds; a press priced only
+    in fewer rounds is absent (no candidate under a rule's price bounds)."""
+    other = tmp_path / "r09.jsonl"
+    rows = [_row("snapkv", 1.0, 1.0, 1.0, ratio=0.9), _row("topk_kvzip_widest", 4.0, 3.9, 4.1, ratio=0.9),
+            _row("short", 1.0, 1.0, 1.0, rounds=2)]
+    other.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    bound = price.highest([price.load(record), None, price.load(other)])
+    assert bound.loc["topk_kvzip_widest", "prefill_over_snapkv"] == 4.4  # r = 0.5's row is the dearer
+    assert bound.loc["snapkv", "decode_over_snapkv"] == 1.0
+    assert "short" not in bound.index
+    assert price.highest([None]).empty

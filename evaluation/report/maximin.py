@@ -29,7 +29,8 @@ REGIMES = {"ruler": ("score", True), "prose": ("kl", False), "recall": ("kl", Fa
 TOLERANCE = 0.01
 TIE = 0.01  # worst, mean and a regime's q within this of the best are tied
 BYTES_TIE = 0.001  # held_vs_topk within this of the lowest is tied (0.1 % of top-k's bytes)
-FAST = 1.2  # RECOMMENDED_FAST: prefill time at most this over snapkv's (the price bench)
+FAST = 1.2  # RECOMMENDED_FAST: prefill time (and, with a peak, prefill peak) at most this over snapkv's
+DECODE = 1.10  # with decode steps: a candidate's decode step at most this over snapkv's (the price bench)
 MERGE = 0.03  # RECOMMENDED_FAST becomes RECOMMENDED when its worst is within this of RECOMMENDED's
 TOPK = ("snapkv", "tova", "keydiff")  # kvpress's top-k (the first present): every scorer keeps one count per head
 
@@ -186,21 +187,28 @@ def first(table: pd.DataFrame, score: str, size: Callable[[str], int] = design_s
     return sorted(sizes[sizes == sizes.min()].index)[0]
 
 
-def picks(table: pd.DataFrame, size: Callable[[str], int] = design_size, prefill: pd.Series | None = None
-          ) -> dict[str, str]:
+def picks(table: pd.DataFrame, size: Callable[[str], int] = design_size, prefill: pd.Series | None = None,
+          peak: pd.Series | None = None, decode: pd.Series | None = None) -> dict[str, str]:
     """RECOMMENDED (the candidate with the highest worst) and the candidates with the highest RULER and
-    prose q, each with the rule's tie-breaks (``first``). With ``prefill`` (press -> prefill time over
-    snapkv's, from a price record), also RECOMMENDED_FAST: the same pick among the candidates whose prefill
-    is at most ``FAST`` (an unpriced press is not one), which becomes RECOMMENDED too when its worst is within
+    prose q, each with the rule's tie-breaks (``first``). With ``decode`` (press -> decode step over
+    snapkv's, from price records), a candidate also needs a decode step at most ``DECODE`` (an unpriced press
+    is not one). With ``prefill`` (press -> prefill time over snapkv's), also RECOMMENDED_FAST: the same pick
+    among the candidates whose prefill is at most ``FAST`` (and, with ``peak``, whose prefill peak is at most
+    ``FAST`` too; an unpriced press is not one), which becomes RECOMMENDED too when its worst is within
     ``MERGE`` of RECOMMENDED's (the one it replaces is then RECOMMENDED_SLOW)."""
     cand = table[table["candidate"]]
+    if decode is not None:
+        cand = cand[[decode.get(press, float("inf")) <= DECODE for press in cand.index]]
     if cand.empty:
-        raise ValueError("no candidate holds at most kvpress top-k's bytes (+1 %)")
+        raise ValueError("no candidate holds at most kvpress top-k's bytes (+1 %)"
+                         + (f" with a decode step at most {DECODE} x snapkv's" if decode is not None else ""))
     chosen = {"RECOMMENDED": first(cand, "worst", size), "RECOMMENDED_RETRIEVAL": first(cand, "q_ruler", size),
               "RECOMMENDED_PROSE": first(cand, "q_prose", size)}
     if prefill is None:
         return chosen
-    fast = cand[[prefill.get(press, float("inf")) <= FAST for press in cand.index]]
+    quick = [prefill.get(p, float("inf")) <= FAST and (peak is None or peak.get(p, float("inf")) <= FAST)
+             for p in cand.index]
+    fast = cand[quick]
     if fast.empty:
         return chosen
     chosen["RECOMMENDED_FAST"] = first(fast, "worst", size)

@@ -75,6 +75,10 @@ def parser() -> argparse.ArgumentParser:
                    help="round 3 of the rule: also pick RECOMMENDED_FAST among the candidates whose prefill in the "
                         "price record is at most 1.2 x snapkv's, RECOMMENDED when within 0.03 of its worst")
     p.add_argument("--out", default=None, help="output file (default: results/rule/<split>-maximin.md)")
+    p.add_argument("--decode", action="store_true",
+                   help="the rule of 2026-12-05: a candidate also needs a decode step at most 1.10 x snapkv's, and "
+                        "with --fast a prefill time and peak at most 1.2 x, each the largest over the --price "
+                        "records' rows of at least 3 rounds (a press without one is no candidate)")
     p.add_argument("--price", nargs="+", default=[str(price.RECORD.relative_to(price.ROOT))],
                    help="price records (python -m evaluation.bench price; default %(default)s, read from the "
                         "repository root; a press in several takes the first's row); '—' where none prices a press")
@@ -101,7 +105,13 @@ def main(argv: list[str] | None = None) -> Path:
     record = price.combine([price.maybe_load(p) for p in record_path])
     if args.fast and record is None:
         raise SystemExit(f"--fast needs a price record: {args.price} are missing (python -m evaluation.bench price)")
-    chosen = picks(table, prefill=record["prefill_over_snapkv"] if args.fast else None)
+    if args.decode:
+        bound = price.highest([price.maybe_load(p) for p in record_path])
+        table["decode_bound"] = bound["decode_over_snapkv"].reindex(table.index)
+        chosen = picks(table, prefill=bound["prefill_over_snapkv"] if args.fast else None,
+                       peak=bound["peak_over_snapkv"] if args.fast else None, decode=bound["decode_over_snapkv"])
+    else:
+        chosen = picks(table, prefill=record["prefill_over_snapkv"] if args.fast else None)
     table["samples"] = [is_sampling(press) for press in table.index]
     examples = {r: f.loc[f["press"] != "full", "example_id"].nunique() for r, f in frames.items()}
     shown = table.drop(columns=[c for c in table.columns if c.count("_") == 2 and c.startswith("q_")])
@@ -114,7 +124,9 @@ def main(argv: list[str] | None = None) -> Path:
              "ratios. held_vs_topk: the largest, over ratios, regimes and dtypes, of bytes held on the cache (keys, "
              "values, bias) over snapkv's"
              + (f", measured by the bytes bench ({', '.join(sorted(memory))}: {', '.join(args.bytes)})" if memory else "")
-             + "; candidate: at most 1.01.", "",
+             + "; candidate: at most 1.01"
+             + (" and (the rule of 2026-12-05) decode_bound, the largest decode step over snapkv's in the price "
+                "records of at least 3 rounds, at most 1.10" if args.decode else "") + ".", "",
              *[f"- **{k}** = `{v}`: worst {table.loc[v, 'worst']:.3f} ({table.loc[v, 'worst_regime']}), q RULER "
                f"{table.loc[v, 'q_ruler']:.3f}, prose {table.loc[v, 'q_prose']:.3f}, recall {table.loc[v, 'q_recall']:.3f}"
                for k, v in chosen.items()], "",

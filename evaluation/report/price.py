@@ -100,6 +100,18 @@ def combine(records: list[pd.DataFrame | None]) -> pd.DataFrame | None:
     return merged[~merged.index.duplicated(keep="first")]
 
 
+def highest(records: list[pd.DataFrame | None], rounds: int = 3) -> pd.DataFrame:
+    """press -> the largest of each ``*_over_snapkv`` over every row of ``records`` with at least ``rounds``
+    rounds (a press priced at several ratios or in several runs is held to its dearest): the figures a rule's
+    price bounds read."""
+    found = [r for r in records if r is not None]
+    if not found:
+        return pd.DataFrame(columns=[f"{s}_over_snapkv" for s in COLUMNS])
+    merged = pd.concat(found)
+    merged = merged[merged["rounds"] >= rounds]
+    return merged[[f"{s}_over_snapkv" for s in COLUMNS]].groupby(level=0).max()
+
+
 def maybe_load(path: str | Path = RECORD, **where) -> pd.DataFrame | None:
     """``load(path, **where)``, or None where there is no record at ``path``."""
     return load(path, **where) if Path(path).exists() else None
