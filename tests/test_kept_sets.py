@@ -55,7 +55,8 @@ SINCE = {"cross_kvzip_block1_a75_widest": "tests/test_kvzip_kept.py",
          **{name: "tests/test_gate_layers.py" for name in ("topk_gate_layers", "topk_gate_layers_recent10",
                                                            "topk_gate_layers_recent25", "topk_gate_layers_recent50")},
          "topk_kvzip_global": "tests/test_ragged_press.py",
-         "prob_min_h_ragged": "tests/test_ragged_presses.py",
+         **{name: "tests/test_ragged_presses.py" for name in ("prob_min_h_ragged", "adakv_snapkv_ragged",
+                                                               "topk_gate_ragged")},
          **{f"cross_kvzip_block1_a{a}_toprest_ragged": "tests/test_ragged_presses.py" for a in (50, 75)}}
 
 
