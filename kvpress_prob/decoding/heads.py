@@ -110,7 +110,7 @@ class HeadBudgetDecodingPress(SamplingDecodingPress):
         they change nothing (the same tensors, or a ragged layer's full logical view)."""
         cache, i = kwargs["past_key_values"], module.layer_idx
         layer = cache.layers[i]
-        length = layer.get_seq_length()  # logical: the positions so far
+        length = int(kwargs["cache_position"][-1]) + 1  # positions so far (a dense layer's count may be fewer)
         if isinstance(layer, RaggedLayer):
             k_all, v_all, real, bias = entries(layer)  # (1, H, S + t, d) x 2, (1, H, S + t) x 2
         else:
