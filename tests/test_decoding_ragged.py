@@ -5,6 +5,7 @@ the kept entries, the bytes it holds, generate, the pipeline's crop, same seed s
 nothing left behind."""
 
 import copy
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -63,19 +64,11 @@ def test_head_counts_match_a_brute_force_allocation(alpha):
 def _decode(model, press, ids, steps: int, cache=None):
     """Prefill ids[:, :N0] with the press on (a no-op), then feed ids[:, N0:N0 + steps] one token at a time."""
     cache = DynamicCache() if cache is None else cache
-    with torch.no_grad(), (press(model) if press is not None else _nothing()):
+    with torch.no_grad(), (press(model) if press is not None else nullcontext()):
         model(input_ids=ids[:, :N0], past_key_values=cache)
         for i in range(N0, N0 + steps):
             model(input_ids=ids[:, i:i + 1], past_key_values=cache, position_ids=torch.tensor([[i]]))
     return cache
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _kept_positions(layer, full_keys) -> list[list[int]]:
