@@ -88,7 +88,8 @@ def feed(model, ids: torch.Tensor, schedule: Schedule, press=None,
 
     def forward(start: int, end: int, keep_all: bool):
         nonlocal held_max, attended_max
-        before = cache.get_seq_length()
+        ragged = [layer for layer in cache.layers if isinstance(layer, RaggedLayer)]
+        before = max(map(_held, ragged)) if ragged else cache.get_seq_length()  # a ragged layer's widest head
         positions = torch.arange(start, end, device=ids.device)[None]
         out = model(input_ids=ids[:, start:end], past_key_values=cache, position_ids=positions,
                     logits_to_keep=0 if keep_all else 1)
