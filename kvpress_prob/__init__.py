@@ -6,6 +6,7 @@ Layers, bottom up: ``correction`` and ``proposals``; ``samplers``; ``presses`` a
 ``integrations``. The public API is imported here.
 """
 
+from kvpress_prob.decoding.heads import HeadBudgetDecodingPress
 from kvpress_prob.decoding.layer_budgets import LayerBudgetDecodingPress
 from kvpress_prob.decoding.press import SamplingDecodingPress
 from kvpress_prob.models import load_model
@@ -29,6 +30,7 @@ __all__ = [
     "CATALOGUE",
     "DECODING_PRESSES",
     "H2OProposal",
+    "HeadBudgetDecodingPress",
     "LayerBudgetDecodingPress",
     "MinVarianceProposal",
     "PRESSES",

@@ -202,9 +202,10 @@ def test_every_old_decoding_name_still_builds():
                "prob_decode_min_variance_priority_renorm", "prob_decode_min_variance_priority_floor20"]
     layers = "prob_decode_min_variance_priority_floor20_layers"
     old = base + sampled + [f"{n}_nocorr" for n in sampled] + [layers, f"{layers}_nocorr"]
-    assert list(DECODING_PRESSES) == old
+    heads = "prob_decode_min_variance_priority_floor20_heads"
+    assert list(DECODING_PRESSES) == old + [heads, f"{heads}_nocorr", "decode_attn_topk_heads"]  # then the per-head ones
     for name in old:
         press = get_decoding_press(name, 64, 8)
         assert press.correct == (not name.endswith("_nocorr")), name
     assert {n for n, e in CATALOGUE.items() if e.family == "decoding"} == set(base + sampled[:8]) | {
-        "prob_decode_min_variance_priority_floor20", layers}
+        "prob_decode_min_variance_priority_floor20", layers, heads, "decode_attn_topk_heads"}

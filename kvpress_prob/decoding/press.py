@@ -40,6 +40,7 @@ class _CacheState:
     accumulated: dict = field(default_factory=dict)  # accumulated attention (b, H_kv, S) of the stored entries ("h2o")
     rounds: defaultdict = field(default_factory=lambda: defaultdict(int))  # rounds so far (seeds the generator)
     budgets: dict = field(default_factory=dict)  # per-layer budgets' plans and measures (``layer_budgets``)
+    prompt: dict = field(default_factory=dict)  # logical length of each layer before its first decoding forward
 
 
 @dataclass
@@ -184,7 +185,7 @@ class SamplingDecodingPress(DecodingPress):
         self.hidden_states_buffer = state.hidden_states_buffer
         self.layer_step_counts = state.layer_step_counts
         self._queries, self._accumulated, self._rounds = state.queries, state.accumulated, state.rounds
-        self._budgets = state.budgets
+        self._budgets, self._prompt = state.budgets, state.prompt
 
     def _state_of(self, cache) -> "_CacheState":
         state = self._caches.get(cache)

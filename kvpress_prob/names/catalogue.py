@@ -139,7 +139,8 @@ NAMED_SHIPPED: dict[str, str] = {
         "decode_h2o_topk", "decode_min_variance_topk", "prob_decode_attn_priority", "prob_decode_h2o_priority",
         "prob_decode_min_variance_priority", "prob_decode_tova_priority", "prob_decode_attn_threshold",
         "prob_decode_attn_stratified", "prob_decode_attn_block4", "prob_decode_attn_vase",
-        "prob_decode_min_variance_priority_floor20", "prob_decode_min_variance_priority_floor20_layers")},
+        "prob_decode_min_variance_priority_floor20", "prob_decode_min_variance_priority_floor20_layers",
+        "prob_decode_min_variance_priority_floor20_heads", "decode_attn_topk_heads")},
     **{f"topk_kvzip_{a}": "top-k twins" for a in ("padded", "widest", "ragged_fit", "global")},
 }
 

@@ -7,6 +7,7 @@ import copy
 from kvpress import KeyDiffPress, KnormPress, StreamingLLMPress, TOVAPress
 from kvpress.presses.scorer_press import ScorerPress
 
+from kvpress_prob.decoding.heads import HeadBudgetDecodingPress
 from kvpress_prob.decoding.layer_budgets import LayerBudgetDecodingPress
 from kvpress_prob.decoding.press import SamplingDecodingPress
 from kvpress_prob.samplers import Sampler, TopKSampler
@@ -23,7 +24,7 @@ def _press(proposal: str, sampler: Sampler, base_press: ScorerPress | None = Non
         kwargs.setdefault("hidden_states_buffer_size", compression_interval)
         kwargs["sampler"] = copy.deepcopy(kwargs["sampler"])  # every press its own instances
         kwargs["base_press"] = copy.deepcopy(kwargs["base_press"])
-        press = cls or SamplingDecodingPress  # or a subclass (LayerBudgetDecodingPress)
+        press = cls or SamplingDecodingPress  # or a subclass (LayerBudgetDecodingPress, HeadBudgetDecodingPress)
         return press(target_size=target_size, compression_interval=compression_interval, **kwargs)
 
     return factory
@@ -71,6 +72,13 @@ DECODING_PRESSES.update({f"{name}_nocorr": _nocorr(factory) for name, factory in
 _LAYERS = "prob_decode_min_variance_priority_floor20_layers"
 DECODING_PRESSES[_LAYERS] = _press("min_variance", _PRIORITY, cls=LayerBudgetDecodingPress, floor=0.2)
 DECODING_PRESSES[f"{_LAYERS}_nocorr"] = _nocorr(DECODING_PRESSES[_LAYERS])
+
+# per-head budgets (AdaKV's allocation each round), evicted for real into a ragged cache: the chosen design, its
+# uncorrected twin, and AdaKV's top over the buffered queries' attention
+_HEADS = "prob_decode_min_variance_priority_floor20_heads"
+DECODING_PRESSES[_HEADS] = _press("min_variance", _PRIORITY, cls=HeadBudgetDecodingPress, floor=0.2)
+DECODING_PRESSES[f"{_HEADS}_nocorr"] = _nocorr(DECODING_PRESSES[_HEADS])
+DECODING_PRESSES["decode_attn_topk_heads"] = _press("attention", _TOPK, cls=HeadBudgetDecodingPress)
 
 
 def get_decoding_press(name: str, target_size: int, compression_interval: int, **overrides) -> SamplingDecodingPress:

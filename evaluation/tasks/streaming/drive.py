@@ -25,6 +25,9 @@ from typing import Callable
 import torch
 from transformers import DynamicCache
 
+from kvpress_prob.cache import RaggedLayer
+from kvpress_prob.presses.ragged_presses import held_bytes
+
 
 @dataclass(frozen=True)
 class Schedule:
@@ -85,11 +88,12 @@ def feed(model, ids: torch.Tensor, schedule: Schedule, press=None,
 
     def forward(start: int, end: int, keep_all: bool):
         nonlocal held_max, attended_max
-        before = cache.get_seq_length()
+        ragged = [layer for layer in cache.layers if isinstance(layer, RaggedLayer)]
+        before = max(map(_held, ragged)) if ragged else cache.get_seq_length()  # a ragged layer's widest head
         positions = torch.arange(start, end, device=ids.device)[None]
         out = model(input_ids=ids[:, start:end], past_key_values=cache, position_ids=positions,
                     logits_to_keep=0 if keep_all else 1)
-        held = max(layer.keys.shape[2] for layer in cache.layers)
+        held = max(_held(layer) for layer in cache.layers)
         held_max, attended_max = max(held_max, held), max(attended_max, before + end - start)
         return out.logits[0]
 
@@ -102,12 +106,26 @@ def feed(model, ids: torch.Tensor, schedule: Schedule, press=None,
                 first = max(start, schedule.score_from)
                 on_logits(first, logits[first - start:].float())
         bias_bytes = sum(b.numel() * b.element_size() for b in biases(model, cache))
-    held_end = max(layer.keys.shape[2] for layer in cache.layers)
-    kv_bytes = sum(2 * layer.keys.numel() * layer.keys.element_size() for layer in cache.layers)
-    budget_bytes = sum(2 * layer.keys[:, :, :1].numel() * layer.keys.element_size() * schedule.budget
+    sizes = [_bytes(layer) for layer in cache.layers]  # (K and V, a ragged layer's own bias)
+    held_end = max(_held(layer) for layer in cache.layers)
+    kv_bytes, bias_bytes = sum(kv for kv, _ in sizes), bias_bytes + sum(b for _, b in sizes)
+    budget_bytes = sum(2 * layer.keys.shape[1] * layer.keys.shape[3] * layer.keys.dtype.itemsize * schedule.budget
                        for layer in cache.layers)
     return {"held_max": held_max, "attended_max": attended_max, "held_end": held_end, "kv_bytes": kv_bytes,
             "bias_bytes": bias_bytes, "budget_bytes": budget_bytes, "cache": cache}
+
+
+def _held(layer) -> int:
+    """Entries per KV head a layer holds: a ragged layer's widest head (its kept count plus the appended tokens)."""
+    return max(layer.lengths) + layer.appended if isinstance(layer, RaggedLayer) else layer.keys.shape[2]
+
+
+def _bytes(layer) -> tuple[int, int]:
+    """(bytes of the layer's keys and values, of a bias stored on a ragged layer): a ragged layer counts the
+    storage of its buffers (its kept entries and the slots of appended tokens), a dense one its K and V."""
+    if isinstance(layer, RaggedLayer):
+        return held_bytes(layer)
+    return 2 * layer.keys.numel() * layer.keys.element_size(), 0
 
 
 def biases(model, cache) -> list[torch.Tensor]:

@@ -9,8 +9,9 @@ Per setting (budget, chunk, interval):
   attended during a forward (most), and its bytes (keys, values and the correction bias it keeps) over
   the keys and values of ``budget`` entries;
 - every other press minus the best baseline, paired on streams, with the streams it wins;
-- every corrected press minus its ``_nocorr`` twin, and every sampled ``prob_decode_<x>_priority``
-  minus the top-k ``decode_<x>_topk`` over the same proposal.
+- every corrected press minus its ``_nocorr`` twin, every ``<x>_layers`` or ``<x>_heads`` (per-layer or
+  per-head budgets) minus ``<x>``, and every sampled ``prob_decode_<x>_priority`` minus the top-k
+  ``decode_<x>_topk`` over the same proposal.
 
 The header names the split, the streams and the commands that wrote the folder (from its manifests).
 """
@@ -98,6 +99,12 @@ def twins(presses: list[str]) -> list[tuple[str, str]]:
     return [(p.removesuffix("_nocorr"), p) for p in presses if p.endswith("_nocorr") and p.removesuffix("_nocorr") in presses]
 
 
+def budget_twins(presses: list[str]) -> list[tuple[str, str]]:
+    """(per-layer or per-head budgets, one budget per head): ``<name>_layers`` / ``<name>_heads`` and ``<name>``."""
+    return [(p, p.rsplit("_", 1)[0]) for p in presses
+            if p.endswith(("_layers", "_heads")) and p.rsplit("_", 1)[0] in presses]
+
+
 def topk_twins(presses: list[str]) -> list[tuple[str, str]]:
     """(sampled, top-k) over one proposal: ``prob_decode_<x>_priority[_nocorr]`` and ``decode_<x>_topk``."""
     pairs = []
@@ -155,6 +162,10 @@ def markdown(folder: Path | str) -> str:
         pairs = twins(presses)
         if pairs:
             lines += ["Corrected minus uncorrected:", "", markdown_table(paired_rows(part, pairs)), ""]
+        pairs = budget_twins(presses)
+        if pairs:
+            lines += ["Per-layer or per-head budgets minus one budget per head:", "",
+                      markdown_table(paired_rows(part, pairs)), ""]
         pairs = topk_twins(presses)
         if pairs:
             lines += ["Sampled (priority) minus top-k over the same proposal:", "",
