@@ -90,8 +90,8 @@ def test_no_import_circles():
 
 
 #: kvpress_prob's layers, bottom up: a module imports only from its own layer or one of a lower rank.
-LAYERS = {"models": 0, "correction": 0, "cache": 0, "proposals": 0, "samplers": 1, "presses": 2, "decoding": 2, "names": 3,
-          "integrations": 4}
+LAYERS = {"models": 0, "attention_functions": 0, "correction": 0, "cache": 0, "proposals": 0, "samplers": 1, "presses": 2,
+          "decoding": 2, "names": 3, "integrations": 4}
 
 
 def layer_of(name: str) -> str:

@@ -121,7 +121,7 @@ def flex_ragged(query: torch.Tensor, context: RaggedContext, scaling: float | No
 def varlen_layout(context: RaggedContext, rows: int, device) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The flat buffer of M slots as 2 H contiguous sequences: region h's c_h + t used slots (sequence 2 h, with
     ``rows`` queries), then its free slots (sequence 2 h + 1, no queries). Returns the key offsets (2 H + 1,) and
-    query offsets (2 H + 1,) (int32, from 0 to M and to H rows) and the longest region's used slots."""
+    query offsets (2 H + 1,) (int32, from 0 to M and to H rows) and the longest key sequence."""
     used = [c + context.tail for c in context.lengths]
     ends = list(context.starts[1:]) + [context.keys.shape[0]]
     keys = [0]
@@ -129,7 +129,7 @@ def varlen_layout(context: RaggedContext, rows: int, device) -> tuple[torch.Tens
         keys += [start + u, end]
     queries = [rows * (i // 2) for i in range(2, 2 * len(used) + 2)]
     return (torch.tensor(keys, dtype=torch.int32, device=device),
-            torch.tensor([0] + queries, dtype=torch.int32, device=device), max(used))
+            torch.tensor([0] + queries, dtype=torch.int32, device=device), max(b - a for a, b in zip(keys, keys[1:])))
 
 
 def nested_ragged(query: torch.Tensor, context: RaggedContext, scaling: float | None = None) -> torch.Tensor:
@@ -171,7 +171,7 @@ def flash_ragged(query: torch.Tensor, context: RaggedContext, scaling: float | N
     from flash_attn import flash_attn_varlen_func
 
     key_offsets, query_offsets, longest = varlen_layout(context, q_len, query.device)
-    q = query[0].view(H, g, q_len, d).permute(0, 2, 1, 3).reshape(H * q_len, g, d)  # sequence h: (q, g heads, d)
+    q = query[0].reshape(H, g, q_len, d).transpose(1, 2).reshape(H * q_len, g, d)  # sequence h: (q, g heads, d)
     out = flash_attn_varlen_func(q, context.keys[:, None], context.values[:, None], query_offsets, key_offsets,
                                  q_len, longest, softmax_scale=scaling, causal=True)  # (H q, g, d)
     return out.view(H, q_len, g, d).permute(1, 0, 2, 3).reshape(1, q_len, H * g, d)
