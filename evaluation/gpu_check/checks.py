@@ -116,41 +116,40 @@ def _ragged_refusal(route: str, query: torch.Tensor, with_bias: bool) -> str | N
 
 def ragged_accuracy(hq: int, hkv: int, d: int, n: int, device, seed: int = 0) -> dict:
     """Max |error| against float64 of every route over a ragged layer (``kvpress_prob.cache.attention.ROUTES``),
-    bf16, a decoding step and 8 new tokens, with a float32 bias where the route serves one; each within twice
-    dense SDPA's error on the same entries, or the reason it does not serve that forward."""
+    bf16: a decoding step, and 8 new tokens without and with a float32 bias; each within twice dense SDPA's error
+    on the same entries, or the reason the route does not serve that forward."""
     from kvpress_prob.cache import evict_ragged
 
     dtype, out = torch.bfloat16, {}
     g = torch.Generator(device="cpu").manual_seed(seed)
-    for q_len in (1, 8):
-        for with_bias in (False, True):
-            keys, values = (torch.randn(1, hkv, n, d, generator=g).to(device) for _ in range(2))
-            share = torch.linspace(0.2, 0.9, hkv)[None, :, None]  # each head its own kept share
-            keep = (torch.rand(1, hkv, n, generator=g) < share).to(device)
-            bias = torch.randn(1, hkv, n, generator=g).to(device) if with_bias else None
-            new_k, new_v = (torch.randn(1, hkv, q_len + 3, d, generator=g).to(device) for _ in range(2))
-            query = (2 * torch.randn(1, hq, q_len, d, generator=g)).to(device, dtype)
-            cache = DynamicCache()
-            cache.update(keys.to(dtype), values.to(dtype), 0)
-            layer = evict_ragged(cache, 0, keep, bias)
-            layer.update(new_k[:, :, :3].to(dtype), new_v[:, :, :3].to(dtype))
-            context = layer.update(new_k[:, :, 3:].to(dtype), new_v[:, :, 3:].to(dtype))[0].context
-            as_stored = lambda x: x.to(dtype).double()  # noqa: E731  the entries the cache holds
-            want, dense = _ragged_reference(query, as_stored(keys), as_stored(values), keep, bias, as_stored(new_k),
-                                            as_stored(new_v), dtype)
-            tolerance = 2 * float((dense - want).abs().max())
-            for name in ragged.ROUTES[1:]:
-                key = f"ragged_{name}_q{q_len}{'_bias' if with_bias else ''}_bf16_max_error"
-                if reason := _ragged_refusal(name, query, with_bias):
-                    out[key] = {"skipped": reason}
-                    continue
-                try:
-                    ragged.set_route(name)
-                    got = ragged.choose(query)(query, context, None)
-                finally:
-                    ragged.set_route("auto")
-                error = float((got.double() - want).abs().max())
-                out[key] = {"value": error, "tolerance": tolerance, "ok": error <= tolerance}
+    for q_len, with_bias in ((1, False), (8, False), (8, True)):  # the nested route serves the first only
+        keys, values = (torch.randn(1, hkv, n, d, generator=g).to(device) for _ in range(2))
+        share = torch.linspace(0.2, 0.9, hkv)[None, :, None]  # each head its own kept share
+        keep = (torch.rand(1, hkv, n, generator=g) < share).to(device)
+        bias = torch.randn(1, hkv, n, generator=g).to(device) if with_bias else None
+        new_k, new_v = (torch.randn(1, hkv, q_len + 3, d, generator=g).to(device) for _ in range(2))
+        query = (2 * torch.randn(1, hq, q_len, d, generator=g)).to(device, dtype)
+        cache = DynamicCache()
+        cache.update(keys.to(dtype), values.to(dtype), 0)
+        layer = evict_ragged(cache, 0, keep, bias)
+        layer.update(new_k[:, :, :3].to(dtype), new_v[:, :, :3].to(dtype))
+        context = layer.update(new_k[:, :, 3:].to(dtype), new_v[:, :, 3:].to(dtype))[0].context
+        as_stored = lambda x: x.to(dtype).double()  # noqa: E731  the entries the cache holds
+        want, dense = _ragged_reference(query, as_stored(keys), as_stored(values), keep, bias, as_stored(new_k),
+                                        as_stored(new_v), dtype)
+        tolerance = 2 * float((dense - want).abs().max())
+        for name in ragged.ROUTES[1:]:
+            key = f"ragged_{name}_q{q_len}{'_bias' if with_bias else ''}_bf16_max_error"
+            if reason := _ragged_refusal(name, query, with_bias):
+                out[key] = {"skipped": reason}
+                continue
+            try:
+                ragged.set_route(name)
+                got = ragged.choose(query)(query, context, None)
+            finally:
+                ragged.set_route("auto")
+            error = float((got.double() - want).abs().max())
+            out[key] = {"value": error, "tolerance": tolerance, "ok": error <= tolerance}
     return out
 
 
