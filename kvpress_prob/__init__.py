@@ -2,8 +2,8 @@
 
 Geh, Chen, Israel, Grover, Van den Broeck, "A Probabilistic Interpretation of KV Cache Eviction" (2026).
 
-Layers, bottom up: ``correction`` and ``proposals``; ``samplers``; ``presses`` and ``decoding``; ``names``;
-``integrations``. The public API is imported here.
+Layers, bottom up: ``attention_functions``, ``correction``, ``cache`` and ``proposals``; ``samplers``; ``presses`` and
+``decoding``; ``names``; ``integrations``. The public API is imported here.
 """
 
 from kvpress_prob.decoding.heads import HeadBudgetDecodingPress

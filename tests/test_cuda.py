@@ -194,17 +194,34 @@ def test_the_fused_route_compiles_once_over_a_generation():
     assert counted["graphs"] == 1, counted
 
 
+RAGGED_ROUTES = ["portable", "flex", "nested", "flash"]
+
+
+@pytest.mark.parametrize("route", RAGGED_ROUTES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("q_len", [1, 6])
-def test_ragged_route_on_cuda_matches_float64(dtype, q_len):
-    """The ragged cache's portable route on CUDA (kvpress_prob/cache/attention.py): fp32 within 1e-5 of the output's
-    scale, bfloat16 within twice dense SDPA's error on the same entries (as tests/test_ragged_attention.py on a CPU)."""
+def test_ragged_route_on_cuda_matches_float64(route, dtype, q_len):
+    """Every route over a ragged layer on CUDA (kvpress_prob/cache/attention.py, fused.py), chosen by
+    ``set_route``: fp32 within 1e-5 of the output's scale, bfloat16 within twice dense SDPA's error on the same
+    entries (as tests/test_ragged_attention.py and test_ragged_routes.py on a CPU), with a bias where the route
+    serves one. The nested route serves decoding steps without a bias; the flash route needs flash_attn, no
+    bias, a half dtype."""
     from test_ragged_attention import _case, _dense_inputs, _reference, inputs_as
-    from kvpress_prob.cache.attention import ragged_sdpa
+    from kvpress_prob.cache import attention, fused
 
-    context, query, inputs = _case(q_len, 2, True, dtype, seed=4, device="cuda")
+    if route == "flash" and not fused.flash_available():
+        pytest.skip("the flash route needs the flash_attn package, not installed here")
+    if (route == "nested" and q_len > 1) or (route == "flash" and dtype == torch.float32):
+        pytest.skip(f"the {route} route does not serve q = {q_len} in {dtype} (it refuses: tests/test_ragged_routes.py)")
+    with_bias = route in ("portable", "flex")
+    context, query, inputs = _case(q_len, 2, with_bias, dtype, seed=4, device="cuda")
     assert context.keys.device.type == "cuda"
-    out = ragged_sdpa(query.to("cuda", dtype), context).cpu().double()
+    try:
+        attention.set_route(route)
+        function = attention.choose(query.cuda())
+        out = function(query.to("cuda", dtype), context).cpu().double()
+    finally:
+        attention.set_route("auto")
     reference = _reference(query.to(dtype), inputs_as(inputs, dtype))
     if dtype == torch.float32:
         assert (out - reference).abs().max() <= 1e-5 * reference.abs().max()
@@ -214,3 +231,30 @@ def test_ragged_route_on_cuda_matches_float64(dtype, q_len):
         dense = torch.nn.functional.scaled_dot_product_attention(query.to("cuda", dtype), keys, values, attn_mask=mask)
         dense = (dense.transpose(1, 2).cpu().double() - reference).abs().max()
         assert (out - reference).abs().max() <= 2 * dense
+
+
+def test_auto_route_on_cuda_is_flex_and_decodes_a_ragged_press():
+    """On CUDA "auto" runs FlexAttention (compiled) for a ragged layer: topk_kvzip_global's cache decodes through
+    it, and its logits match the portable route's on the same cache (bfloat16, 3 % of the logits' scale)."""
+    import copy
+
+    from evaluation.bench.speed.route import route
+    from evaluation.engine import press_prefill
+    from kvpress_prob import get_press
+    from kvpress_prob.cache import attention
+
+    model = tiny_model("llama", dtype=torch.bfloat16).to("cuda")
+    cache = press_prefill(model, random_ids(96).cuda(), get_press("topk_kvzip_global", 0.5))
+    token, position = torch.tensor([[5]], device="cuda"), torch.tensor([[96]], device="cuda")
+    logits = {}
+    for name in ("auto", "portable"):
+        step_cache, out = copy.deepcopy(cache), {}
+        attention.set_route(name)
+        try:
+            ran = route(model, lambda: out.update(logits=model(token, past_key_values=step_cache,
+                                                               position_ids=position).logits.float()))
+        finally:
+            attention.set_route("auto")
+        assert ran == ("ragged flex" if name == "auto" else "ragged sdpa")
+        logits[name] = out["logits"]
+    assert (logits["auto"] - logits["portable"]).abs().max() <= 3e-2 * logits["portable"].abs().max()

@@ -7,6 +7,7 @@ import pytest
 
 from evaluation.cli import main as kvprob
 from evaluation.gpu_check import models
+from evaluation.gpu_check.run import RAGGED
 from evaluation.report import price
 from kvpress_prob.names.registry import RECOMMENDED
 
@@ -19,7 +20,7 @@ def test_dry_run_end_to_end(tmp_path):
     assert report["dry_run"] and not report["skipped"]
     for model in ("llama-3.2-3b", "qwen3-4b"):
         assert all(check["ok"] for check in steps["accuracy"][model].values()), steps["accuracy"][model]
-        assert {r["press"] for r in steps["prefill"] if r["model"] == model} == {"snapkv", "prob_snapkv"}
+        assert {r["press"] for r in steps["prefill"] if r["model"] == model} == {"snapkv", "prob_snapkv", RAGGED}
         variants = {r["variant"] for r in steps["decode"] if r["model"] == model}
         assert {"full, sdpa", "prob_snapkv corrected, fused", "prob_snapkv corrected, sdpa mask",
                 "prob_snapkv same kept set, plain sdpa", "snapkv, plain sdpa"} <= variants
@@ -37,9 +38,24 @@ def test_dry_run_end_to_end(tmp_path):
         record = price.load(tmp_path / "cpu-dry-run" / "price.jsonl", model=model)
         assert list(record.index) == ["snapkv", RECOMMENDED] and (record.n == 96).all() and (record.rounds == 2).all()
         assert record.loc["snapkv", "prefill_over_snapkv"] == 1.0 and record.loc[RECOMMENDED, "decode_route"]
+        # every ragged route against float64: those that serve a forward within their tolerance, the others
+        # skipped with the reason (on a CPU: flash-attn's route, the nested route beyond a plain decoding step)
+        ragged = steps["ragged_accuracy"][model]
+        ran = {k for k, c in ragged.items() if "value" in c}
+        assert all(ragged[k]["ok"] for k in ran), ragged
+        assert {k.split("_")[1] for k in ran} == {"portable", "flex", "nested"}
+        assert ran >= {"ragged_portable_q8_bias_bf16_max_error", "ragged_flex_q8_bias_bf16_max_error",
+                       "ragged_nested_q1_bf16_max_error"}
+        assert "CUDA" in ragged["ragged_flash_q1_bf16_max_error"]["skipped"]
+        # the ragged press's decode step on each route, over snapkv's, the route named by the spy
+        timed = {r["route"]: r for r in steps["ragged_decode"] if r["model"] == model}
+        assert set(timed) == {"portable", "flex", "nested"} and timed["portable"]["auto"]
+        assert {r["decoded_by"] for r in timed.values()} == {"ragged sdpa", "ragged flex", "ragged nested"}
+        assert all(r["over_snapkv"] > 0 and r["press"] == RAGGED for r in timed.values())
     text = (tmp_path / "cpu-dry-run" / "gpu-check.md").read_text()
     assert "DRY RUN" in text and "## Accuracy against float64" in text and "## Kernels" in text
     assert f"## Price of RECOMMENDED = `{RECOMMENDED}`" in text and "## Compilations" in text
+    assert "## Ragged cache: every attention route against float64" in text and "over snapkv" in text
 
 
 @pytest.mark.parametrize("name,shape", [("llama-3.2-3b", (28, 3072, 24, 8, 128, 8192, 128256)),

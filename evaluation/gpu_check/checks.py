@@ -3,6 +3,8 @@
 - ``accuracy``: the corrected attention (fused and SDPA routes) against float64, at a model's head
   shapes, bf16 q/k/v with a float32 compounding bias and padding; the O(n^2) proposal's mass (TF32 on
   CUDA) against float64 within ``precision.TF32_TOLERANCE``;
+- ``ragged_accuracy``: every route over a ragged layer (``kvpress_prob.cache``) against float64 with explicit
+  per-head entries, at a model's head shapes in bf16, within twice dense SDPA's error on the same entries;
 - ``kernels``: which kernels (CUDA) or operators (CPU) a callable runs, from the profiler;
 - ``prefill``: one timed prefill under a press, its peak memory above the start;
 - ``decode``: decode steps of several variants in lockstep, median step time of each, and the attention
@@ -17,10 +19,12 @@ import math
 import statistics
 
 import torch
+import torch.nn.functional as F
 from transformers import DynamicCache
 
 from evaluation.bench import common
 from evaluation.bench.speed.route import route
+from kvpress_prob.cache import attention as ragged
 from kvpress_prob.correction import attention
 from kvpress_prob.correction import bias as correction
 from kvpress_prob.correction import flex as fused
@@ -74,6 +78,81 @@ def accuracy(hq: int, hkv: int, d: int, n: int, device, seed: int = 0) -> dict:
     return out
 
 
+def _ragged_reference(query, keys, values, keep, bias, new_k, new_v, dtype):
+    """float64 attention of ``query`` (1, H_q, q, d) over each KV head's kept context entries (``keep`` (1, H, n))
+    then the t new tokens (the last q causal), with ``bias`` (1, H, n) or None on the kept entries; and dense SDPA in
+    ``dtype`` on the same entries (every head's whole context, a float mask hiding the evicted ones and the future).
+    Returns (reference, dense), each (1, q, H_q, d) in float64."""
+    _, hq, q_len, d = query.shape
+    H, n, t = keys.shape[1], keys.shape[2], new_k.shape[2]
+    g = hq // H
+    k, v = torch.cat([keys, new_k], 2), torch.cat([values, new_v], 2)  # (1, H, n + t, d)
+    visible = torch.cat([keep[:, :, None, :].expand(1, H, q_len, n), (torch.arange(t, device=keys.device)[None, :] <=
+                         torch.arange(q_len, device=keys.device)[:, None] + t - q_len).expand(1, H, q_len, t)], -1)
+    added = torch.zeros(1, H, 1, n + t, dtype=torch.float64, device=keys.device)
+    if bias is not None:
+        added[..., :n] = bias[:, :, None].double()
+    rep = lambda x: x.repeat_interleave(g, 1)  # noqa: E731
+    logits = query.double() @ rep(k).double().transpose(-1, -2) / math.sqrt(d) + rep(added)
+    reference = torch.softmax(logits.masked_fill(~rep(visible), -math.inf), -1) @ rep(v).double()
+    mask = rep(added).to(dtype).expand(1, hq, q_len, n + t).masked_fill(~rep(visible), torch.finfo(dtype).min)
+    dense = F.scaled_dot_product_attention(query.to(dtype), rep(k).to(dtype), rep(v).to(dtype), attn_mask=mask)
+    return reference.transpose(1, 2), dense.double().transpose(1, 2)
+
+
+def _ragged_refusal(route: str, query: torch.Tensor, with_bias: bool) -> str | None:
+    """Why ``route`` does not serve a forward of ``query`` (with a bias or not), as its docstring says; None if
+    it does."""
+    from kvpress_prob.cache import fused as ragged_fused
+
+    if route == "nested" and (query.shape[2] > 1 or with_bias):
+        return "the nested route serves decoding steps without a bias"
+    if route == "flash" and not (query.is_cuda and ragged_fused.flash_available()):
+        return "the flash route needs CUDA and the flash_attn package"
+    if route == "flash" and with_bias:
+        return "the flash route serves layers without a bias"
+    return None
+
+
+def ragged_accuracy(hq: int, hkv: int, d: int, n: int, device, seed: int = 0) -> dict:
+    """Max |error| against float64 of every route over a ragged layer (``kvpress_prob.cache.attention.ROUTES``),
+    bf16: a decoding step, and 8 new tokens without and with a float32 bias; each within twice dense SDPA's error
+    on the same entries, or the reason the route does not serve that forward."""
+    from kvpress_prob.cache import evict_ragged
+
+    dtype, out = torch.bfloat16, {}
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    for q_len, with_bias in ((1, False), (8, False), (8, True)):  # the nested route serves the first only
+        keys, values = (torch.randn(1, hkv, n, d, generator=g).to(device) for _ in range(2))
+        share = torch.linspace(0.2, 0.9, hkv)[None, :, None]  # each head its own kept share
+        keep = (torch.rand(1, hkv, n, generator=g) < share).to(device)
+        bias = torch.randn(1, hkv, n, generator=g).to(device) if with_bias else None
+        new_k, new_v = (torch.randn(1, hkv, q_len + 3, d, generator=g).to(device) for _ in range(2))
+        query = (2 * torch.randn(1, hq, q_len, d, generator=g)).to(device, dtype)
+        cache = DynamicCache()
+        cache.update(keys.to(dtype), values.to(dtype), 0)
+        layer = evict_ragged(cache, 0, keep, bias)
+        layer.update(new_k[:, :, :3].to(dtype), new_v[:, :, :3].to(dtype))
+        context = layer.update(new_k[:, :, 3:].to(dtype), new_v[:, :, 3:].to(dtype))[0].context
+        as_stored = lambda x: x.to(dtype).double()  # noqa: E731  the entries the cache holds
+        want, dense = _ragged_reference(query, as_stored(keys), as_stored(values), keep, bias, as_stored(new_k),
+                                        as_stored(new_v), dtype)
+        tolerance = 2 * float((dense - want).abs().max())
+        for name in ragged.ROUTES[1:]:
+            key = f"ragged_{name}_q{q_len}{'_bias' if with_bias else ''}_bf16_max_error"
+            if reason := _ragged_refusal(name, query, with_bias):
+                out[key] = {"skipped": reason}
+                continue
+            try:
+                ragged.set_route(name)
+                got = ragged.choose(query)(query, context, None)
+            finally:
+                ragged.set_route("auto")
+            error = float((got.double() - want).abs().max())
+            out[key] = {"value": error, "tolerance": tolerance, "ok": error <= tolerance}
+    return out
+
+
 def kernels(fn, device, top: int = 6) -> list[str]:
     """Names of the ``top`` kernels (CUDA) or operators (CPU) by self time while ``fn()`` runs, then every
     attention kernel or operator that ran outside that top."""
@@ -118,7 +197,8 @@ def plain_copy(cache) -> DynamicCache:
 
 @torch.no_grad()
 def decode(model, variants: dict, n: int, steps: int, warmup: int = 2) -> dict:
-    """Decode ``variants`` (name -> (cache, attn_implementation, fused mode)) in lockstep, one token
+    """Decode ``variants`` (name -> (cache, attn_implementation, fused mode, ragged route): the correction's
+    ``flex.set_mode`` and a ragged cache's ``kvpress_prob.cache.attention.set_route``) in lockstep, one token
     per step at position n + i; returns name -> {median_step_ms, steps, route}: ``route``, the attention
     function that ran the first (untimed) step, seen by the spy (``warmup`` >= 1)."""
     if warmup < 1:
@@ -129,9 +209,10 @@ def decode(model, variants: dict, n: int, steps: int, warmup: int = 2) -> dict:
     previous = model.config._attn_implementation
     try:
         for i in range(warmup + steps):
-            for name, (cache, implementation, mode) in variants.items():
+            for name, (cache, implementation, mode, ragged_route) in variants.items():
                 model.set_attn_implementation(implementation)
                 fused.set_mode(mode)
+                ragged.set_route(ragged_route)
                 position = torch.tensor([[n + i]], device=model.device)
                 step = lambda: model(input_ids=token, past_key_values=cache, position_ids=position)  # noqa: E731
                 if i == 0:
@@ -143,6 +224,7 @@ def decode(model, variants: dict, n: int, steps: int, warmup: int = 2) -> dict:
                     times[name].append(watch.wall)
     finally:
         fused.set_mode("auto")
+        ragged.set_route("auto")
         model.set_attn_implementation(previous)
     return {name: {"median_step_ms": 1e3 * statistics.median(t), "steps": len(t), "route": routes[name]}
             for name, t in times.items()}

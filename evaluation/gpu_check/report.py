@@ -42,6 +42,7 @@ def markdown(report: dict) -> str:
     lines += [f"| {r['model']} | {r['n']} | {r['variant']} | {r['median_step_ms']:.2f} | {r.get('route', '-')} |"
               for r in steps["decode"]]
     lines += price_lines(report)
+    lines += ragged_lines(report)
     lines += ["", "## Prefill against snapkv (peak: above the start; target peak - snapkv's <= 0.10 K+V)", "",
               "| model | n | press | s | time / snapkv | peak MiB | (peak - snapkv) / K+V |",
               "| :--- | ---: | :--- | ---: | ---: | ---: | ---: |"]
@@ -57,6 +58,24 @@ def markdown(report: dict) -> str:
     lines += ["", "## Kernels of one decoding step (top by self time)", ""]
     lines += [f"- {k}: {', '.join(v)}" for k, v in steps["kernels"].items()]
     return "\n".join(lines) + "\n"
+
+
+def ragged_lines(report: dict) -> list[str]:
+    """The ragged cache's attention routes against float64, and the ragged KVzip global press's decode step on
+    each route over snapkv's plain step."""
+    steps = report["steps"]
+    lines = ["", "## Ragged cache: every attention route against float64 (bf16; tolerance: twice dense SDPA's error)", "",
+             "| model | route, forward | value | tolerance | ok |", "| :--- | :--- | ---: | ---: | :--- |"]
+    for model, checks in steps.get("ragged_accuracy", {}).items():
+        for name, c in checks.items():
+            lines.append(f"| {model} | {name} | " + (f"{c['value']:.2e} | {c['tolerance']:.2e} | {c['ok']} |" if "value"
+                                                      in c else f"skipped: {c['skipped']} | | |"))
+    lines += ["", "## Ragged cache: decode step of the ragged KVzip global press over snapkv's (plain SDPA)", "",
+              "| model | n | press | route | auto | median step ms | snapkv's ms | over snapkv | decoded by |",
+              "| :--- | ---: | :--- | :--- | :--- | ---: | ---: | ---: | :--- |"]
+    lines += [f"| {r['model']} | {r['n']} | {r['press']} | {r['route']} | {r['auto']} | {r['median_step_ms']:.2f} | "
+              f"{r['snapkv_step_ms']:.2f} | {r['over_snapkv']:.3f} | {r['decoded_by']} |" for r in steps.get("ragged_decode", [])]
+    return lines
 
 
 def price_lines(report: dict) -> list[str]:

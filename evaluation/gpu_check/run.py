@@ -17,7 +17,10 @@ would not fit is skipped and listed as such):
    on Llama-3.2-3B (``PRICE_LONGEST``), written as a price record;
 6. per model, the compilations of the fused route over one generation on a biased cache (prob_snapkv's):
    one compiled kernel for every step;
-7. ``tests/test_cuda.py`` (pytest, in a child process), last, with what is left of the budget.
+7. the ragged cache (``kvpress_prob.cache``): every attention route over a ragged layer against float64 at each
+   model's head shapes (``checks.ragged_accuracy``), and per model and length the decode step of ``RAGGED``
+   (KVzip's global kept set, evicted for real) on each route that decodes it, over snapkv's plain step;
+8. ``tests/test_cuda.py`` (pytest, in a child process), last, with what is left of the budget.
 
 Writes ``<out>/<device>/gpu-check.json``, ``gpu-check.md`` and ``price.jsonl`` (the price record,
 ``evaluation.report.price``; default out: results/gpu). ``--dry-run`` runs every step on the CPU with shrunk
@@ -43,6 +46,7 @@ MAX_LENGTH = {"prob_min_h": 32768, "h2o": 32768}
 #: the longest length RECOMMENDED's price is measured at, per model (128k on one model only: the time budget)
 PRICE_LONGEST = {"qwen3-4b": 32768}
 PRICE_ROUNDS = {131072: 1}  # rounds of the price at a length (default 2)
+RAGGED = "topk_kvzip_global"  # the ragged press whose decode step is timed on each route
 TARGETS = {"decode corrected (fused) / plain, same kept set": 1.10, "prefill peak - snapkv's, in K+V": 0.10}
 
 
@@ -116,11 +120,13 @@ def main(argv=None) -> dict:
     rows = report["steps"]
     rows["accuracy"], rows["kernels"], rows["prefill"], rows["decode"] = {}, {}, [], []
     rows["price"], rows["compilations"] = [], {}
+    rows["ragged_accuracy"], rows["ragged_decode"] = {}, []
     report["recommended"] = RECOMMENDED
     for name in args.models:
         cfg = models.config(name, args.dry_run)
         hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         rows["accuracy"][name] = checks.accuracy(hq, hkv, d, 4096 if not args.dry_run else 128, device)
+        rows["ragged_accuracy"][name] = checks.ragged_accuracy(hq, hkv, d, 4096 if not args.dry_run else 128, device)
         model = models.build(name, device, dry_run=args.dry_run, max_length=max(lengths))
         last = None  # (n, seconds) of the previous length: the next one's estimate
         for n in lengths:
@@ -151,23 +157,31 @@ def main(argv=None) -> dict:
             for row in rows["prefill"]:
                 if row["model"] == name and row["n"] == n and snapkv_peak is not None:
                     row["peak_minus_snapkv_over_kv"] = (row["peak_extra_bytes"] - snapkv_peak) / kv
+            if "snapkv" in caches and budget.fits(f"{name} n={n} prefill {RAGGED}", 0):
+                caches[RAGGED], row = checks.prefill(model, ids, RAGGED, args.ratio)
+                rows["prefill"].append({"model": name, "n": n, "press": RAGGED, **row, "kv_bytes": kv,
+                                        "peak_minus_snapkv_over_kv": (row["peak_extra_bytes"] - snapkv_peak) / kv})
             full, _ = checks.prefill(model, ids, "full", args.ratio)
-            variants = {"full, sdpa": (full, "sdpa", "auto")}
+            variants = {"full, sdpa": (full, "sdpa", "auto", "auto")}
             if report["flash_attn"]:
-                variants["full, flash_attention_2"] = (full, "flash_attention_2", "auto")
+                variants["full, flash_attention_2"] = (full, "flash_attention_2", "auto", "auto")
             if "prob_snapkv" in caches:
                 sampled = caches["prob_snapkv"]
-                variants |= {"prob_snapkv corrected, fused": (sampled, "sdpa", "fused"),
-                             "prob_snapkv corrected, sdpa mask": (checks_copy_with_bias(sampled), "sdpa", "sdpa"),
-                             "prob_snapkv same kept set, plain sdpa": (checks.plain_copy(sampled), "sdpa", "auto")}
+                variants |= {"prob_snapkv corrected, fused": (sampled, "sdpa", "fused", "auto"),
+                             "prob_snapkv corrected, sdpa mask": (checks_copy_with_bias(sampled), "sdpa", "sdpa", "auto"),
+                             "prob_snapkv same kept set, plain sdpa": (checks.plain_copy(sampled), "sdpa", "auto", "auto")}
             if "snapkv" in caches:
-                variants["snapkv, plain sdpa"] = (caches["snapkv"], "sdpa", "auto")
+                variants["snapkv, plain sdpa"] = (caches["snapkv"], "sdpa", "auto", "auto")
+            for route in ragged_routes(device) if RAGGED in caches else []:  # a copy each: decoding appends
+                variants[f"{RAGGED} ragged, {route}"] = (checks_copy_with_bias(caches[RAGGED]), "sdpa", "auto", route)
             if budget.fits(f"{name} n={n} decode", 0):
                 timed = checks.decode(model, variants, n, args.decode_steps)
                 rows["decode"] += [{"model": name, "n": n, "variant": v, **t} for v, t in timed.items()]
+                rows["ragged_decode"] += ragged_decode_rows(name, n, timed, device)
             if n == lengths[0] and "prob_snapkv corrected, fused" in variants:
-                for v, (cache, implementation, mode) in variants.items():
-                    rows["kernels"][f"{name}: {v}"] = kernel_names(checks, model, cache, implementation, mode, n, device)
+                for v, (cache, implementation, mode, route) in variants.items():
+                    rows["kernels"][f"{name}: {v}"] = kernel_names(checks, model, cache, implementation, mode, route,
+                                                                   n, device)
                 if budget.fits(f"{name} compilations", 0):
                     rows["compilations"][name] = checks.compilations(
                         model, checks_copy_with_bias(variants["prob_snapkv corrected, fused"][0]), n, args.decode_steps)
@@ -191,6 +205,24 @@ def main(argv=None) -> dict:
     return report
 
 
+def ragged_routes(device: str) -> list[str]:
+    """The routes that decode a ragged cache without a bias on ``device``: the portable route, FlexAttention, the
+    nested route, and flash-attn's varlen where it is installed and the device is CUDA."""
+    from kvpress_prob.cache import fused as ragged_fused
+
+    return ["portable", "flex", "nested"] + (["flash"] if device == "cuda" and ragged_fused.flash_available() else [])
+
+
+def ragged_decode_rows(model: str, n: int, timed: dict, device: str) -> list[dict]:
+    """One row per route of ``RAGGED``'s decode step over snapkv's plain step (the same lockstep decode);
+    ``auto``: the route ``set_route("auto")`` runs on ``device``."""
+    auto = "flex" if device == "cuda" else "portable"
+    snapkv = timed["snapkv, plain sdpa"]["median_step_ms"]
+    return [{"model": model, "n": n, "press": RAGGED, "route": v.rsplit(", ", 1)[1], "auto": v.endswith(f", {auto}"),
+             "median_step_ms": t["median_step_ms"], "snapkv_step_ms": snapkv, "over_snapkv": t["median_step_ms"] / snapkv,
+             "decoded_by": t["route"]} for v, t in timed.items() if v.startswith(f"{RAGGED} ragged, ")]
+
+
 def checks_copy_with_bias(cache):
     """A copy of ``cache`` carrying its correction bias (so the two routes decode separate caches)."""
     import copy
@@ -198,9 +230,10 @@ def checks_copy_with_bias(cache):
     return copy.deepcopy(cache)
 
 
-def kernel_names(checks, model, cache, implementation, mode, n, device) -> list[str]:
+def kernel_names(checks, model, cache, implementation, mode, route, n, device) -> list[str]:
     import copy
 
+    from kvpress_prob.cache import attention as ragged
     from kvpress_prob.correction import flex as fused
 
     cache = copy.deepcopy(cache)
@@ -213,9 +246,11 @@ def kernel_names(checks, model, cache, implementation, mode, n, device) -> list[
     try:
         model.set_attn_implementation(implementation)
         fused.set_mode(mode)
+        ragged.set_route(route)
         with torch.no_grad():
             step()  # warm (a compiled kernel is built outside the profile)
             return checks.kernels(step, device)
     finally:
         fused.set_mode("auto")
+        ragged.set_route("auto")
         model.set_attn_implementation(previous)

@@ -1,11 +1,14 @@
-"""Attention over a ``RaggedLayer``: the portable route, and the wrapper that routes a ragged layer's forwards to it.
+"""Attention over a ``RaggedLayer``: the portable route, the choice of route, and the wrapper that routes a ragged
+layer's forwards.
 
 The model hands its attention function the tensors ``RaggedLayer.update`` returned: ``RaggedKeys``
 placeholders carrying the layer's ``RaggedContext``. ``install()`` wraps every function of transformers'
 ``ALL_ATTENTION_FUNCTIONS`` (on top of kvpress's and the correction's wrappers, idempotent; called by
-``evict_ragged``): a forward whose keys carry a context runs ``ragged_sdpa``, any other runs the function
-unchanged. The model's attention mask is not read there: a ragged cache holds one sequence without padding,
-and the route builds each head's own mask (its kept entries all visible, the new tokens causal).
+``evict_ragged``): a forward whose keys carry a context runs the route ``choose`` gives (``set_route``: by default
+the portable route ``ragged_sdpa`` on a CPU, FlexAttention on CUDA; the fused routes are in
+``kvpress_prob.cache.fused``), any other runs the function unchanged. The model's attention mask is not read
+there: a ragged cache holds one sequence without padding, and the route builds each head's own mask (its kept
+entries all visible, the new tokens causal).
 
 ``ragged_sdpa`` serves decoding steps (q = 1) and forwards of several new tokens (a question). Query heads
 h g ... h g + g - 1 (GQA: g query heads per KV head) attend to KV head h's region of the flat buffers, one
@@ -26,9 +29,11 @@ import functools
 
 import torch
 import torch.nn.functional as F
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from kvpress_prob.attention_functions import wrap_all
+from kvpress_prob.cache import fused
 from kvpress_prob.cache.layout import RaggedContext, RaggedKeys
+from kvpress_prob.correction import flex
 
 _WRAPPED = "_kvprob_ragged_wrapped"  # on a wrapper function: marks it as this module's
 
@@ -37,16 +42,8 @@ def ragged_sdpa(query: torch.Tensor, context: RaggedContext, scaling: float | No
     """Attention of ``query`` (1, H_q, q, d), the forward's q new tokens, over a ragged layer's ``context``
     (the new tokens already appended: the last q of its ``tail``). Returns (1, q, H_q, d), the layout
     transformers' attention functions return (see the module for the formula)."""
-    b, hq, q_len, d = query.shape
-    H = len(context.lengths)
-    if b != 1:
-        raise ValueError(f"a RaggedLayer holds one sequence: the query must have batch size 1, got {b}")
-    if hq % H:
-        raise ValueError(f"{hq} query heads do not group over {H} KV heads")
-    if context.tail < q_len:
-        raise RuntimeError(f"the ragged layer holds {context.tail} appended tokens, fewer than the {q_len} new "
-                           "queries: was the layer changed outside its update()?")
-    g, t = hq // H, context.tail
+    H, g, q_len, d = fused.forward_shape(query, context)
+    hq, t = H * g, context.tail
     if q_len == 1:  # one decoding step: the g query heads of KV head h are the rows of rows_of[h]
         rows_of, steps = query.reshape(H, g, d), []
     else:
@@ -79,8 +76,44 @@ def ragged_sdpa(query: torch.Tensor, context: RaggedContext, scaling: float | No
     return torch.cat(steps).view(1, 1, hq, d) if q_len == 1 else out
 
 
-def wrap(func):
-    """Wrap one attention function: a forward on a ragged layer runs ``ragged_sdpa`` (idempotent)."""
+ROUTES = ("auto", "portable", "flex", "nested", "flash")
+_ROUTE = ["auto"]
+
+
+def set_route(route: str) -> None:
+    """The route every ragged layer's forward runs: "auto" (FlexAttention on CUDA where torch has it, the portable
+    route elsewhere), "portable" (``ragged_sdpa``), "flex", "nested" or "flash" (``kvpress_prob.cache.fused``)."""
+    if route not in ROUTES:
+        raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
+    _ROUTE[0] = route
+
+
+def route() -> str:
+    return _ROUTE[0]
+
+
+def choose(query: torch.Tensor):
+    """The function that runs a ragged forward of ``query`` on the route set (``set_route``): one of
+    ``ragged_sdpa``, ``fused.flex_ragged``, ``fused.nested_ragged``, ``fused.flash_ragged``, read when called.
+    A route that cannot serve a forward (the nested route at q > 1 or with a bias, the flash route without CUDA
+    and flash_attn, with a bias or in float32) raises, naming the routes that can."""
+    name = _ROUTE[0]
+    if name == "auto":
+        name = "flex" if query.is_cuda and flex.available() else "portable"
+    if name == "flash" and not (query.is_cuda and fused.flash_available()):
+        raise RuntimeError(f"the flash route needs a CUDA device and the flash_attn package (query on "
+                           f"{query.device}, flash_attn importable: {fused.flash_available()}); choose another of "
+                           f"{ROUTES}")
+    if name == "flex" and not flex.available():
+        raise RuntimeError(f"the flex route needs torch.nn.attention.flex_attention (torch {torch.__version__}); "
+                           f"choose another of {ROUTES}")
+    return {"portable": ragged_sdpa, "flex": fused.flex_ragged, "nested": fused.nested_ragged,
+            "flash": fused.flash_ragged}[name]
+
+
+def wrap(func, name: str | None = None):
+    """Wrap one attention function (registered as ``name``): a forward on a ragged layer runs the route ``choose``
+    gives (idempotent)."""
     if getattr(func, _WRAPPED, False):
         return func
 
@@ -88,7 +121,7 @@ def wrap(func):
     def wrapper(module, query, key, value, attention_mask, *args, **kwargs):
         if not isinstance(key, RaggedKeys):
             return func(module, query, key, value, attention_mask, *args, **kwargs)
-        return ragged_sdpa(query, key.context, kwargs.get("scaling")), None
+        return choose(query)(query, key.context, kwargs.get("scaling")), None
 
     setattr(wrapper, _WRAPPED, True)
     return wrapper
@@ -96,10 +129,7 @@ def wrap(func):
 
 def install() -> None:
     """Wrap every attention function transformers knows now (idempotent)."""
-    for name in list(ALL_ATTENTION_FUNCTIONS.keys()):
-        func = ALL_ATTENTION_FUNCTIONS[name]
-        if not getattr(func, _WRAPPED, False):
-            ALL_ATTENTION_FUNCTIONS[name] = wrap(func)
+    wrap_all(_WRAPPED, wrap)
 
 
-__all__ = ["install", "ragged_sdpa", "wrap"]
+__all__ = ["ROUTES", "choose", "install", "ragged_sdpa", "route", "set_route", "wrap"]

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from kvpress_prob.attention_functions import wrap_all
 from kvpress_prob.correction import flex
 from kvpress_prob.correction import wrappers
 
@@ -164,10 +165,7 @@ def wrap(func, name: str | None = None):
 
 def install() -> None:
     """Wrap every attention function transformers knows now (idempotent)."""
-    for name in list(ALL_ATTENTION_FUNCTIONS.keys()):
-        func = ALL_ATTENTION_FUNCTIONS[name]
-        if not getattr(func, _WRAPPED, False):
-            ALL_ATTENTION_FUNCTIONS[name] = wrap(func, name)
+    wrap_all(_WRAPPED, wrap)
 
 
 def ensure_installed(implementation: str) -> None:

@@ -66,7 +66,7 @@ def use_fused(query: torch.Tensor, implementation: str | None) -> bool:
 
 
 @functools.cache
-def _compiled():
+def compiled():
     from torch.nn.attention.flex_attention import flex_attention
 
     return torch.compile(flex_attention, dynamic=True)
@@ -110,7 +110,7 @@ def flex_corrected(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
             return torch.where(allowed, score + added[bi, h // g, ki], -float("inf"))
 
     if query.is_cuda:
-        out = _compiled()(query, key, value, score_mod=score_mod, scale=scaling, enable_gqa=g > 1)
+        out = compiled()(query, key, value, score_mod=score_mod, scale=scaling, enable_gqa=g > 1)
     else:
         with warnings.catch_warnings():  # eager on a CPU is meant: the tests' reference route
             warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")

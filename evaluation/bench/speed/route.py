@@ -8,7 +8,9 @@ what computed it:
 - ``kvpress_prob.correction.attention.corrected_sdpa``: "corrected sdpa" (a dense float mask holding the bias);
 - ``kvpress_prob.correction.flex.flex_corrected``: "flex" (FlexAttention, the bias in a ``score_mod``;
   compiled on CUDA, eager on a CPU);
-- ``kvpress_prob.cache.attention.ragged_sdpa``: "ragged sdpa" (a ragged cache's route: one SDPA per KV head).
+- ``kvpress_prob.cache.attention.ragged_sdpa``: "ragged sdpa" (a ragged cache's portable route: one SDPA per KV
+  head); ``kvpress_prob.cache.fused``'s ``flex_ragged``, ``nested_ragged``, ``flash_ragged``: "ragged flex",
+  "ragged nested", "ragged flash" (its fused routes: one call per layer).
 
 A layer whose module carries kvpress's ``masked_key_indices`` (AdaKV, KVzip's masks) is named
 "<impl> + kvpress masks": the model's own function on a cache whose masked keys kvpress replaces by fake
@@ -23,6 +25,7 @@ from contextlib import contextmanager
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from kvpress_prob.cache import attention as ragged
+from kvpress_prob.cache import fused as ragged_fused
 from kvpress_prob.correction import attention, flex
 
 
@@ -51,16 +54,19 @@ def _spies(implementation: str, ran: list[str]):
         finally:
             ran.append(inside.pop())
 
-    corrected_sdpa, flex_corrected, ragged_sdpa = attention.corrected_sdpa, flex.flex_corrected, ragged.ragged_sdpa
-    attention.corrected_sdpa = spy("corrected sdpa", corrected_sdpa)
-    flex.flex_corrected = spy("flex", flex_corrected)
-    ragged.ragged_sdpa = spy("ragged sdpa", ragged_sdpa)
+    spied = [(attention, "corrected_sdpa", "corrected sdpa"), (flex, "flex_corrected", "flex"),
+             (ragged, "ragged_sdpa", "ragged sdpa"), (ragged_fused, "flex_ragged", "ragged flex"),
+             (ragged_fused, "nested_ragged", "ragged nested"), (ragged_fused, "flash_ragged", "ragged flash")]
+    originals = [getattr(module, attr) for module, attr, _ in spied]
+    for (module, attr, name), func in zip(spied, originals):
+        setattr(module, attr, spy(name, func))
     ALL_ATTENTION_FUNCTIONS[implementation] = own
     try:
         yield
     finally:
         ALL_ATTENTION_FUNCTIONS[implementation] = registered
-        attention.corrected_sdpa, flex.flex_corrected, ragged.ragged_sdpa = corrected_sdpa, flex_corrected, ragged_sdpa
+        for (module, attr, _), func in zip(spied, originals):
+            setattr(module, attr, func)
 
 
 def routes(model, forward) -> list[str]:
