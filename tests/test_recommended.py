@@ -50,7 +50,7 @@ def test_evidence_counts_match_the_tables_interval_headers(recs):
 
 
 def _record(tmp_path, name, rows):
-    cols = {c: 1 for c in price.REQUIRED}
+    cols = {c: 1 for c in price.REQUIRED} | {"ratio": recommended.PRICE_RATIO}
     path = tmp_path / name / "price.jsonl"
     path.parent.mkdir()
     pd.DataFrame([cols | {"device": "cpu", "decode_route": "sdpa", "command": f"cmd {name}"} | r for r in rows]
@@ -75,6 +75,8 @@ def test_price_is_the_newest_record_with_the_range_over_all(tmp_path):
     assert a.median == dict.fromkeys(price.COLUMNS, 3.0) and a.spread == dict.fromkeys(price.COLUMNS, (1.5, 3.2))
     assert recommended.price_of("b", records).median["prefill"] == 9.0
     assert recommended.price_of("c", records) is None
+    other = _record(tmp_path, "other", [_row("a", 7.0, 6.0, 8.0) | {"ratio": 0.9}])
+    assert recommended.price_of("a", [(str(other), price.load(other)), *records]).median["prefill"] == 3.0
 
 
 def test_a_press_without_record_shows_no_price_and_no_other_press_figures(monkeypatch, tmp_path):
@@ -83,7 +85,9 @@ def test_a_press_without_record_shows_no_price_and_no_other_press_figures(monkey
     recs = recommended.rows(records=records)
     assert recs[0].price.cell("prefill") == "7.25 [7.00, 7.50]"
     table = recommended.frame(recs)
-    for rec, (_, row) in zip(recs[1:], list(table.iterrows())[1:]):
+    others = [(rec, row) for rec, (_, row) in zip(recs, table.iterrows()) if rec.press != registry.RECOMMENDED]
+    assert others  # RECOMMENDED_FAST and RECOMMENDED_RETRIEVAL name other presses here
+    for rec, row in others:
         assert [row[price.COLUMNS[f]] for f in price.COLUMNS] == [recommended.NO_PRICE] * 3
         assert "7.25" not in " ".join(map(str, row.values))
     assert recs[1].press == registry.RECOMMENDED_RETRIEVAL  # the row follows the registry

@@ -6,7 +6,7 @@
   ``evaluation.report.maximin_table``): q per regime at each ratio (1 = the regime's best press of the table's
   pool there) and the worst regime's q; the evidence (model, context length, split, example counts, seeds,
   record folders) is read back from the records the table's own command names;
-- price: every price record ``results/bench/*/price.jsonl`` (``python -m evaluation.bench price``; read by
+- price: every price record ``results/bench/**/price.jsonl`` at r = ``PRICE_RATIO`` (``python -m evaluation.bench price``; read by
   ``evaluation.report.price``): the newest record that prices the press (by the date of the commit that last
   wrote it, else its file's modification time) gives the median, and the range beside it is the smallest and
   largest round of every record that prices it. A press no record prices has no price ("no price record"):
@@ -42,9 +42,11 @@ from kvpress_prob.names import registry
 
 ROOT = price.ROOT
 #: The test-split table the quality and evidence come from.
-TEST_TABLE = ROOT / "results" / "rule" / "test-maximin-round3.md"
-#: The price records: every record of the price bench.
-PRICE_RECORDS = "results/bench/*/price.jsonl"
+TEST_TABLE = ROOT / "results" / "rule" / "test-maximin-round4.md"
+#: The price records: every record of the price bench (a folder may hold one record per ratio).
+PRICE_RECORDS = "results/bench/**/price.jsonl"
+#: The ratio the table's price is read at: every priced press has a record there, so the rows compare.
+PRICE_RATIO = 0.5
 #: constant of ``kvpress_prob.names.registry`` -> its label.
 LABELS = {"RECOMMENDED": "default", "RECOMMENDED_FAST": "fast", "RECOMMENDED_PROSE": "prose",
           "RECOMMENDED_RETRIEVAL": "retrieval"}
@@ -141,8 +143,10 @@ def price_records(pattern: str = PRICE_RECORDS) -> tuple[tuple[str, pd.DataFrame
 
 
 def price_of(press: str, records=None) -> Price | None:
-    """``press``'s price from ``records`` (``price_records()``'s, newest first), or None where none prices it."""
-    found = [(path, r.loc[press]) for path, r in (price_records() if records is None else records) if press in r.index]
+    """``press``'s price at ``PRICE_RATIO`` from ``records`` (``price_records()``'s, newest first), or None where
+    none prices it there."""
+    found = [(path, r.loc[press]) for path, r in (price_records() if records is None else records)
+             if press in r.index and float(r.loc[press, "ratio"]) == PRICE_RATIO]
     if not found:
         return None
     path, row = found[0]

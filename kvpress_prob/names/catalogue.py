@@ -128,7 +128,8 @@ SHIPPED: list[Parts] = [
     *grid("topk", ["kvzip"], options=[("layers",)]),
     *grid("cross", ["kvzip"], units=["block1"], options=[("a75", "mix50", "layers")]),
     *grid("cross", ["kvzip"], units=["block1"], options=[("a50", "toprest", "widest"), ("a75", "toprest", "widest"),
-                                                          ("a75", "widest")]),
+                                                          ("a75", "widest"), ("a50", "toprest", "ragged"),
+                                                          ("a75", "toprest", "ragged")]),
 ]
 
 #: Shipped presses outside the grammar: name -> family. A prefill press among them is built from

@@ -103,15 +103,16 @@ SUMMARIES = {name: PRESSES[name] for name, entry in CATALOGUE.items() if entry.f
 
 #: The recommendations, chosen on the three development splits (RULER, prose, natural-text recall) at r = 0.5,
 #: 0.75 and 0.9 by the maximin rule: RECOMMENDED maximises the worst of its three scores relative to each
-#: regime's best press, among the presses holding at most kvpress top-k's bytes (+1 %) on the cache. It keeps,
-#: in every head of a layer, the widest allocation's width: KVzip's top three quarters of it and pi_min-h's top
-#: for the rest, real eviction, no weights. RECOMMENDED_FAST is the same choice among the presses whose prefill
-#: takes at most 1.2 x snapkv's (Fast KVzip's learned gates, no reconstruction pass). RECOMMENDED_PROSE and
-#: RECOMMENDED_RETRIEVAL are the per-regime picks.
-RECOMMENDED = "cross_kvzip_block1_a75_toprest_widest"
-RECOMMENDED_FAST = "topk_gate_widest"
-RECOMMENDED_PROSE = "cross_kvzip_block1_a50_toprest_widest"
-RECOMMENDED_RETRIEVAL = "topk_kvzip_widest"
+#: regime's best press, among the presses holding at most kvpress top-k's bytes (+1 %) on the cache and decoding
+#: a step within 1.10 x snapkv's. Each KV head keeps the count KVzip's global top gives it, on a ragged cache
+#: (each head its own length): half of it KVzip's top entries, the rest pi_min-h's top; real eviction, no weights.
+#: RECOMMENDED_FAST is the same choice among the presses whose prefill takes at most 1.2 x snapkv's time and peak
+#: (Fast KVzip's learned gates, applied layer by layer). RECOMMENDED_PROSE and RECOMMENDED_RETRIEVAL are the
+#: per-regime picks.
+RECOMMENDED = "cross_kvzip_block1_a50_toprest_ragged"
+RECOMMENDED_FAST = "topk_gate_layers_recent25"
+RECOMMENDED_PROSE = "cross_kvzip_block1_a50_toprest_ragged"
+RECOMMENDED_RETRIEVAL = "topk_kvzip_global"
 
 
 def counts() -> dict[str, int]:
