@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from evaluation import cli
-from evaluation.presets import DEMO_PRESSES, DEMO_TASKS, PRESETS
+from evaluation.presets import DEMO_PRESSES, DEMO_TASKS, PRESETS, PROSE_DEMO
 from evaluation.report.press_info import describe
 from evaluation.store.assets import INSTALL, MissingAssetError, install_command, package_dir
 from evaluation.tasks.ruler import niah
@@ -197,6 +197,8 @@ def test_demo_runs_cpu_quick_afresh_and_compares(monkeypatch, tmp_path):
     assert seen.pop("ruler") == seen.pop("prose_model") == ("model", "tokenizer") and loads == [None]
     assert seen["preset"] == "cpu-quick" and seen["fresh"] and seen["reference"] == "results/cpu-quick"
     assert PRESETS["cpu-quick"]["presses"] is DEMO_PRESSES
+    # a press that is two picks at once (RECOMMENDED = RECOMMENDED_PROSE) runs once, not twice into one store
+    assert len(set(DEMO_PRESSES)) == len(DEMO_PRESSES) and len(set(PROSE_DEMO["presses"])) == len(PROSE_DEMO["presses"])
     cli.main(["demo", "--out", str(tmp_path / "demo"), "--reference", str(tmp_path / "none")])
     assert seen["reference"] is None  # a missing reference is reported, not fatal
 
