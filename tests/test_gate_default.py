@@ -93,9 +93,11 @@ def test_recommended_fast_runs_as_kvpress_evaluate_runs_it(tmp_path, monkeypatch
             out = pipe(context, question="What is item 3?", press=press, max_new_tokens=3)
     finally:
         handle.remove()
-    assert isinstance(out["answer"], str) and press.gate_used == record["gate"]
-    n, L, H = lengths[0], model.config.num_hidden_layers, model.config.num_key_value_heads
-    assert 0 < sum(map(sum, press.kept)) <= L * H * compute_n_kept(n, 0.5) < L * H * n  # evicted at the set ratio
+    assert isinstance(out["answer"], str) and press.gate_used == record["gate"] and lengths
+    ids = tokenizer(context, return_tensors="pt").input_ids
+    n, L, H = ids.shape[1], model.config.num_hidden_layers, model.config.num_key_value_heads
+    held = sum(k.shape[1] * k.shape[2] for k in kept_keys(model, press, ids))  # entries on the cache after the prefill
+    assert 0 < held <= L * H * compute_n_kept(n, 0.5) < L * H * n  # evicted at the set ratio
 
 
 def test_harness_records_name_the_gate_and_equal_the_pipeline(tmp_path, monkeypatch, tokenizer):
@@ -112,7 +114,8 @@ def test_harness_records_name_the_gate_and_equal_the_pipeline(tmp_path, monkeypa
     monkeypatch.setenv("KVPROB_CACHE", str(tmp_path))
     path, _ = gt.fit(model, [random_ids(60, seed=1)], "one", gt.TrainSettings(steps=3, batch_size=16), progress=False)
     gt.set_default(model, path.stem)
-    configs = configurations(["topk_gate_layers_recent25", RECOMMENDED_FAST], [0.5, 0.75], [0])
+    gates = list(dict.fromkeys([RECOMMENDED_FAST, "topk_gate_layers_recent25", "topk_gate_widest"]))[:2]
+    configs = configurations(gates, [0.5, 0.75], [0])
     store, frame = ResultStore(tmp_path / "r.jsonl"), examples(1)
     run(model, tokenizer, frame, configs, store, model_name="tiny", dataset="ruler", data_dir="64", progress=False)
     records = store.records()

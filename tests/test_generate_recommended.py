@@ -10,6 +10,7 @@ import torch
 from transformers import DynamicCache
 
 from kvpress_prob import RECOMMENDED, RECOMMENDED_RETRIEVAL, get_press
+from kvpress_prob.cache import head_entries, held_counts
 from kvpress_prob.presses.kvzip_scoring import clear_scores
 from kvpress_prob.presses.sampling import language_model
 from tests.conftest import random_ids, tiny_model
@@ -17,6 +18,16 @@ from tests.conftest import random_ids, tiny_model
 ROOT = Path(__file__).resolve().parents[1]
 SNIPPET = ROOT / "docs" / "snippets" / "generate_recommended.py"
 N, Q, NEW = 96, 5, 4
+
+
+def held(cache) -> int:
+    """Entries the cache holds over all layers and KV heads."""
+    return sum(sum(held_counts(layer)) for layer in cache.layers)
+
+
+def evicted(cache) -> bool:
+    """Fewer entries than the full cache of N context tokens would hold."""
+    return 0 < held(cache) < N * sum(len(held_counts(layer)) for layer in cache.layers)
 
 
 def prefilled(model, press, ids):
@@ -55,8 +66,9 @@ def test_the_snippet_generates_at_the_contexts_positions_as_the_pipeline_decodes
                                   do_sample=False)
     finally:
         hook.remove()
-    kept = prefilled(model, get_press(RECOMMENDED, 0.5), context).get_seq_length()
-    assert kept < N
+    own = prefilled(model, get_press(RECOMMENDED, 0.5), context)
+    kept = own.get_seq_length()  # a dense cache's kept length, a ragged cache's logical (context) length
+    assert evicted(own)
     decoding = [(p.tolist()[0], c.tolist()) for p, c in seen if p is not None]  # the generate forwards
     assert decoding[0] == (list(range(N, N + Q)), list(range(kept, kept + Q)))
     assert [d[0] for d in decoding[1:]] == [[N + Q + i] for i in range(NEW - 1)]
@@ -81,11 +93,11 @@ def test_generate_under_recommended_compresses_before_decoding_at_the_contexts_p
             hook.remove()
     own = prefilled(model, get_press(RECOMMENDED, 0.5), prompt)  # the pipeline's prefill under the press
     kept = own.get_seq_length()
-    assert kept < N
+    assert evicted(own)
     assert [s for s in seen if s[1] > 0] == [([N + i], kept + i) for i in range(NEW - 1)]
     for layer, reference in zip(cache.layers, own.layers):  # the same kept set, then the decoded tokens
-        n = reference.keys.shape[2]
-        assert torch.equal(layer.keys[:, :, :n], reference.keys) and torch.equal(layer.values[:, :, :n], reference.values)
+        for (k, v), (rk, rv) in zip(head_entries(layer), head_entries(reference), strict=True):
+            assert torch.equal(k[: len(rk)], rk) and torch.equal(v[: len(rv)], rv) and len(k) == len(rk) + NEW - 1
     with torch.no_grad():
         first = model(input_ids=prompt).logits[:, -1].argmax(-1, keepdim=True)  # from the full cache's prefill
     assert out[0, N:].tolist() == [int(first)] + greedy(model, own, first, N, NEW - 1)
@@ -101,10 +113,11 @@ def test_compress_keeps_what_the_presses_own_block_keeps(name):
     with torch.no_grad():
         model(input_ids=ids, past_key_values=cache)  # a plain prefill, then the public method
     assert get_press(name, 0.5).compress(model, cache, ids) is cache
-    assert [layer.keys.shape for layer in cache.layers] == [layer.keys.shape for layer in own.layers]
-    assert cache.get_seq_length() < N
+    assert [held_counts(layer) for layer in cache.layers] == [held_counts(layer) for layer in own.layers]
+    assert evicted(cache)
     for a, b in zip(cache.layers, own.layers):
-        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+        for (k, v), (rk, rv) in zip(head_entries(a), head_entries(b), strict=True):
+            assert torch.equal(k, rk) and torch.equal(v, rv)
 
 
 def test_compress_refuses_bad_input_before_any_pass():

@@ -1,6 +1,6 @@
 """Checks that would catch a wrong kept set, each beside a mutant it must reject.
 
-- RECOMMENDED's toprest fill (a75): each head of each layer holds ``width`` entries (an independent brute force of
+- The widest toprest fill (``cross_kvzip_block1_a75_toprest_widest``): each head of each layer holds ``width`` entries (an independent brute force of
   the widest allocation), KVzip's exact share (the top int(0.75 width) of its scores) and, outside it, the top of
   pi_min-h computed independently in float64 from the model's own eager attention. Mutant: a random fill.
 - A deterministic sampler refuses ``correct`` and ``floor`` (it would ignore them). Mutant: an ignored ``correct``.
@@ -13,7 +13,6 @@ import torch
 
 from kvpress_prob.names.registry import RECOMMENDED, RECOMMENDED_PROSE, get_press
 from kvpress_prob.presses import kvzip_scoring
-from kvpress_prob.presses.kvzip import KVzipSampledPress
 from kvpress_prob.samplers.base import top_by_rank
 from kvpress_prob.samplers.cross import CrossTopSampler
 from tests import kept_snapshot as ks
@@ -74,9 +73,12 @@ def toprest_errors(model, ids, mask: torch.Tensor, scores: torch.Tensor) -> list
     return errors
 
 
-def recommended_kept(model, ids) -> tuple[torch.Tensor, torch.Tensor]:
+WIDEST_TOPREST = "cross_kvzip_block1_a75_toprest_widest"
+
+
+def toprest_kept(model, ids) -> tuple[torch.Tensor, torch.Tensor]:
     kvzip_scoring.clear_scores()
-    mask, _ = ks.kept(model, get_press(RECOMMENDED, RATIO), ids)
+    mask, _ = ks.kept(model, get_press(WIDEST_TOPREST, RATIO), ids)
     scores = kvzip_scoring.SCORES.stored(model)[0].double().clone()  # (L, 1, H, n)
     scores[..., :4] = scores.amax() + 1  # the sinks, pinned as the press pins them
     kvzip_scoring.clear_scores()
@@ -88,10 +90,9 @@ def fixture():
     return tiny_model("llama"), random_ids(N, seed=31)
 
 
-def test_recommended_fills_with_the_float64_min_h_top(fixture):
-    assert RECOMMENDED == "cross_kvzip_block1_a75_toprest_widest"
+def test_the_widest_toprest_fills_with_the_float64_min_h_top(fixture):
     model, ids = fixture
-    mask, scores = recommended_kept(model, ids)
+    mask, scores = toprest_kept(model, ids)
     assert toprest_errors(model, ids, mask, scores) == []
     # the fill is not KVzip's own next entries: the check compares pi_min-h's top, not a restatement of KVzip
     _, widths = brute_fit(scores, RATIO)
@@ -108,7 +109,7 @@ def test_the_check_rejects_a_random_fill(fixture, monkeypatch):
         return top_by_rank(noise, target), torch.zeros_like(rest)
 
     monkeypatch.setattr(CrossTopSampler, "fill", random_fill)
-    mask, scores = recommended_kept(model, ids)
+    mask, scores = toprest_kept(model, ids)
     assert any(what == "fill is not pi_min-h's top" for _, _, what in toprest_errors(model, ids, mask, scores))
 
 
@@ -121,7 +122,7 @@ def refuses(name: str, **override) -> bool:
     return False
 
 
-@pytest.mark.parametrize("name", [RECOMMENDED, RECOMMENDED_PROSE, "topk_kvzip_head", "topk_kvzip_layers"])
+@pytest.mark.parametrize("name", [RECOMMENDED, RECOMMENDED_PROSE, WIDEST_TOPREST, "topk_kvzip_head", "topk_kvzip_layers"])
 def test_a_deterministic_sampler_refuses_correct_and_floor(name):
     assert refuses(name, correct=False) and refuses(name, floor=0.2) and refuses(name, seed=1)
 
@@ -132,6 +133,9 @@ def test_a_random_sampler_reads_correct_and_floor():
 
 
 def test_the_check_rejects_an_ignored_correct(monkeypatch):
-    original = KVzipSampledPress.unused_fields
-    monkeypatch.setattr(KVzipSampledPress, "unused_fields", lambda self: original(self) - {"correct"})
-    assert not refuses(RECOMMENDED, correct=False)
+    for name in (RECOMMENDED, WIDEST_TOPREST):
+        cls = type(get_press(name, 0.5))
+        original = cls.unused_fields
+        monkeypatch.setattr(cls, "unused_fields", lambda self, original=original: original(self) - {"correct"})
+        assert not refuses(name, correct=False)
+        monkeypatch.undo()

@@ -246,16 +246,17 @@ def explicit_answer(model, tokenizer, press, inputs, n_tokens):
 
 def test_recommended_presses_are_registered_and_deterministic():
     from kvpress_prob.presses.gate import GatePress
-    from kvpress_prob.presses.kvzip import KVzipSampledPress
     from kvpress_prob.presses.kvzip_alloc import KVzipAllocatedPress
+    from kvpress_prob.presses.ragged_presses import KVzipRaggedPress
     from kvpress_prob.samplers.cross import CrossTopSampler
     from kvpress_prob.names.registry import (RECOMMENDED, RECOMMENDED_FAST, RECOMMENDED_PROSE, RECOMMENDED_RETRIEVAL,
                                              is_sampling)
 
     assert {RECOMMENDED, RECOMMENDED_PROSE, RECOMMENDED_RETRIEVAL} <= set(PRESSES) and RECOMMENDED_FAST in PRESSES
-    for name in (RECOMMENDED, RECOMMENDED_PROSE):  # KVzip's top and pi_min-h's top in the widest widths, no weights
+    for name in (RECOMMENDED, RECOMMENDED_PROSE):  # KVzip's top and pi_min-h's top in each head's count, no weights
         press = get_press(name, 0.5)
-        assert isinstance(press, KVzipSampledPress) and press.widest and isinstance(press.sampler, CrossTopSampler)
+        assert isinstance(press, KVzipRaggedPress) and isinstance(press.sampler, CrossTopSampler)
+        assert press.sampler.alpha == 0.5 and not press.sampler.random
     assert isinstance(get_press(RECOMMENDED_RETRIEVAL, 0.5), KVzipAllocatedPress)
     assert isinstance(get_press(RECOMMENDED_FAST, 0.5), GatePress)
     assert not any(map(is_sampling, (RECOMMENDED, RECOMMENDED_FAST, RECOMMENDED_PROSE, RECOMMENDED_RETRIEVAL)))

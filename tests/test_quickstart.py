@@ -47,8 +47,8 @@ def test_quickstart_runs_as_written(capsys):
     from kvpress_prob import RECOMMENDED, get_press
 
     assert type(press) is type(get_press(RECOMMENDED, 0.5))
-    # the press really compressed: at r = 0.5 a layer keeps half of the prompt on average (the context plus the
-    # chat template's few tokens), whatever it allocates per layer
+    # the press really compressed: at r = 0.5 a KV head keeps half of the prompt on average (the context plus the
+    # chat template's few tokens), whatever it allocates per layer and head
     context_tokens = len(tokenizer(namespace["context"]).input_ids)
     assert 0.45 < namespace["kept"] / context_tokens < 0.6
     printed = capsys.readouterr().out

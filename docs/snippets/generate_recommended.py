@@ -1,10 +1,10 @@
 """RECOMMENDED with model.generate: prefill the context under the press, then generate on the compressed cache.
 
 The press scores the context when the prefill is done; the question is then read on the compressed cache, as
-kvpress's pipeline reads it. After eviction the cache holds fewer entries than the context (its get_seq_length()
-is the kept length), so the new tokens take the context's real positions (position_ids) and the cache's next
-slots (cache_position). `with press(model): model.generate(prompt_ids)` also works: the press compresses the
-prompt's cache at the first decoding step.
+kvpress's pipeline reads it. The new tokens take the context's real positions (position_ids) and the cache's
+next slots (cache_position): its get_seq_length() is the kept length of a dense cache, and the context's length
+of a ragged one (each head its own count). `with press(model): model.generate(prompt_ids)` also works: the press
+compresses the prompt's cache at the first decoding step.
 """
 
 import torch

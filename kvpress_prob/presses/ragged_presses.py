@@ -119,9 +119,11 @@ class KVzipRaggedPress(KVzipSampledPress):
         self.kept: list[list[int]] = []
 
     def unused_fields(self) -> set[str]:
-        """``layerwise``, ``budget``, ``layers`` and ``widest`` (each head's count is its share of the global top),
-        ``seed`` under a deterministic sampler."""
-        return {"layerwise", "budget", "layers", "widest"} | (set() if self.sampler.random else {"seed"})
+        """``layerwise``, ``budget``, ``layers`` and ``widest`` (each head's count is its share of the global top);
+        under a deterministic sampler also ``seed``, ``correct`` (every kept entry weighs 1) and ``floor`` (the
+        uniform mixture does not reorder a head's scores, and each head keeps its own count)."""
+        fixed = set() if self.sampler.random else {"seed", "correct", "floor"}
+        return {"layerwise", "budget", "layers", "widest"} | fixed
 
     @torch.no_grad()
     def compress_post(self, model):
