@@ -13,6 +13,7 @@ prose as mean KL(a) / mean KL(b) with its paired 95 % bootstrap interval (``rati
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -70,13 +71,12 @@ def report(frames: dict[str, pd.DataFrame], presses: list[str], pairs: list[tupl
         shown.columns = [f"r = {r:g}" for r in shown.columns]
         lines += [f"## {UNIT[regime]} ({split}, {n} {unit} every press ran)", "", markdown_table(shown.rename_axis("press")), ""]
         if pairs:
-            rows = []
-            for a, b in pairs:
-                cells = {r: pair_row(df, regime, a, b, r) for r in ratios}
-                rows.append({"a − b" if regime != "prose" else "a / b": f"`{a}` vs `{b}`"}
-                            | {f"r = {r:g} (n)": f"{c['cell']} ({c['n']})" for r, c in cells.items()})
+            label = "a / b" if regime == "prose" else "a − b"
+            rows = {f"`{a}` vs `{b}`": {f"r = {r:g} (n)": "{cell} ({n})".format(**pair_row(df, regime, a, b, r))
+                                       for r in ratios} for a, b in pairs}
             what = "KL(a) / KL(b), paired bootstrap 95 %" if regime == "prose" else "a − b, paired t 95 %"
-            lines += [f"Paired ({what}; n {unit} both ran):", "", markdown_table(pd.DataFrame(rows).set_index(rows and list(rows[0])[0])), ""]
+            table = pd.DataFrame.from_dict(rows, orient="index").rename_axis(label)
+            lines += [f"Paired ({what}; n {unit} both ran):", "", markdown_table(table), ""]
     return "\n".join(lines)
 
 
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> str:
             raise SystemExit(f"--pairs takes a:b, got {text!r}")
         pairs.append((a, b))
     frames = {regime: frame(getattr(args, regime)) for regime in VALUE}
-    command = "python -m experiments.ragged_targets " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
+    command = "python -m experiments.ragged_targets " + " ".join(argv if argv is not None else sys.argv[1:])
     text = report(frames, args.presses, pairs, args.ratios, args.split, command)
     write_atomic(Path(args.out), text + "\n")
     return text
