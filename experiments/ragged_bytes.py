@@ -4,7 +4,7 @@ contexts of results/dev/round3-toprest-ruler-1024 (8 examples, SmolLM2-135M, 102
 whole storage): K and V, and the correction bias (a padded layer's, read through the correction; a RaggedLayer's
 own). One shared prefill per context (evaluation.engine.Prefill). Resumable: one JSON line per row; then the table of
 each press's bytes over snapkv's on the same example, ratio and dtype, averaged over examples and seeds.
-  PYTHONPATH=$PWD /work/bin/heavy .venv/bin/python -m experiments.ragged_bytes measure
+  PYTHONPATH=$PWD OMP_NUM_THREADS=1 .venv/bin/python -m experiments.ragged_bytes measure
   PYTHONPATH=$PWD .venv/bin/python -m experiments.ragged_bytes table > results/bytes/ragged-presses/table.txt"""
 
 import json

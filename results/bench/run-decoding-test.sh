@@ -4,6 +4,6 @@
 # snapkv is left out: kvpress asserts its window (31) is shorter than every forward, and the last teacher-forced
 # chunk here holds 31 tokens.
 cd "$(dirname "$0")/../.."
-PYTHONPATH=$PWD ${PY:-/work/main/.venv/bin/python} -m experiments.decoding --split test --essays 4 --prompt 256 \
+PYTHONPATH=$PWD ${PY:-.venv/bin/python} -m experiments.decoding --split test --essays 4 --prompt 256 \
     --generate 512 --target 128 --interval 32 --window 32 --out results/bench/test-split \
     --presses kvpress_tova h2o prob_decode_min_variance_priority_floor20 prob_decode_min_variance_priority_floor20_nocorr "$@"

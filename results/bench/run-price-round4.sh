@@ -3,7 +3,7 @@
 # adds to the pool that no record of at least 3 rounds prices, at r = 0.5 and 0.9 (a press is held to its dearest
 # row), one thread, 4096 tokens, each press and round in a fresh process.
 #   sh results/bench/run-price-round4.sh [0.5|0.9 ...]  -> results/bench/price-round4/r<ratio>/price.jsonl
-PY="${PY:-/work/main/.venv/bin/python}"
+PY="${PY:-.venv/bin/python}"
 export PYTHONPATH=$PWD HF_HUB_OFFLINE=1
 PRESSES=${PRESSES:-"snapkv cross_kvzip_block1_a50_toprest_ragged cross_kvzip_block1_a75_toprest_ragged adakv_snapkv_ragged topk_gate_ragged"}
 for r in ${@:-0.5 0.9}; do

@@ -2,7 +2,7 @@
 # the new default gate (results/gate/dev-prose20-ruler10-1024-...-v2.json), so that its rows against
 # topk_gate_layers (results/dev/run-fast.sh, same gate) separate the allocation from the gate. Resumable.
 #   sh results/dev/run-fast-diagnose.sh ruler|recall|prose
-PY=${PY:-/work/main/.venv/bin/python}
+PY=${PY:-.venv/bin/python}
 export PYTHONPATH=$PWD HF_HUB_OFFLINE=1
 case "$1" in
 ruler) $PY -m evaluation run --context-length 1024 --data-seed 0 --n-examples 8 \

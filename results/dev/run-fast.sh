@@ -3,7 +3,7 @@
 # 25 or 50 % of each head's count as the fill (topk_gate_layers[_recent<pct>]), on the examples of round3-ruler-1024,
 # prose/dev-1024-round3 and recall/dev-1024-round3, at r = 0.5, 0.75 and 0.9. Resumable.
 #   sh results/dev/run-fast.sh ruler|prose|recall
-PY=${PY:-/work/main/.venv/bin/python}
+PY=${PY:-.venv/bin/python}
 PRESSES=${PRESSES:-"topk_gate_layers topk_gate_layers_recent10 topk_gate_layers_recent25 topk_gate_layers_recent50"}
 export PYTHONPATH=$PWD HF_HUB_OFFLINE=1
 case "$1" in

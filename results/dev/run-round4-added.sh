@@ -3,7 +3,7 @@
 # that had no development record yet (AdaKV over snapkv's scores, the gate per head), on the three development
 # splits at r = 0.5 / 0.75 / 0.9 (deterministic presses: seed 0). Resumable: a rerun continues where it stopped.
 #   sh results/dev/run-round4-added.sh ruler|prose|recall|all
-PY=${PY:-/work/main/.venv/bin/python}
+PY=${PY:-.venv/bin/python}
 PRESSES=${PRESSES:-"adakv_snapkv_ragged topk_gate_ragged"}
 export PYTHONPATH=$PWD HF_HUB_OFFLINE=1
 run() {

@@ -3,7 +3,7 @@
 # not kvpress top-k's by construction, in float32 and bfloat16, measured on the first MAX_EXAMPLES (default 2)
 # contexts of each development regime's records (CPU bf16 takes minutes a context). Resumable.
 #   sh results/rule/run-dev-bytes-round3.sh [OUT_ROOT]  -> <OUT_ROOT>/bytes/dev-round3/<regime>-<dtype>.jsonl
-PY="${PY:-/work/main/.venv/bin/python}"
+PY="${PY:-.venv/bin/python}"
 OUT="${1:-results}"
 export PYTHONPATH=$PWD
 POOL="snapkv topk_kvzip_widest topk_gate_widest topk_keydiff_block8 cross_kvzip_block1_a75_widest

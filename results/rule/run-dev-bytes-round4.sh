@@ -4,7 +4,7 @@
 # contexts of each development regime's records. Resumable.
 #   POOL="..." FOLDERS=ragged|added sh results/rule/run-dev-bytes-round4.sh [OUT_ROOT]
 #     -> <OUT_ROOT>/bytes/dev-round4/<regime>-<dtype>.jsonl
-PY="${PY:-/work/main/.venv/bin/python}"
+PY="${PY:-.venv/bin/python}"
 OUT="${1:-results}"
 export PYTHONPATH=$PWD HF_HUB_OFFLINE=1
 case "${FOLDERS:-ragged}" in

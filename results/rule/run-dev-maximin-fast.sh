@@ -3,7 +3,7 @@
 # with the price of results/bench/price-round3, price-round3-toprest and price-fast, and the bytes of round 3
 # (the fast presses hold kvpress's count in every layer and head, as snapkv: their bytes are snapkv's).
 #   sh results/rule/run-dev-maximin-fast.sh  -> results/rule/dev-maximin-fast.md (+ .csv)
-PY="/work/main/.venv/bin/python"
+PY=".venv/bin/python"
 export PYTHONPATH=$PWD
 $PY -m evaluation.report.maximin_table dev --ratios 0.5 0.75 0.9 --fast \
   --price results/bench/price-round3/price.jsonl results/bench/price-round3-toprest/price.jsonl results/bench/price-fast/price.jsonl \

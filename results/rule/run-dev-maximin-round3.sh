@@ -2,7 +2,7 @@
 # all three at r = 0.5, 0.75 and 0.9 (RULER 8 examples, prose 7 windows, recall 12 windows), the price of
 # results/bench/price-round3 (RECOMMENDED_FAST: prefill <= 1.2 x snapkv's) and the bytes of run-dev-bytes-round3.sh.
 #   sh results/rule/run-dev-maximin-round3.sh  -> results/rule/dev-maximin-round3.md (+ .csv, the frontier plots)
-PY="/work/main/.venv/bin/python"
+PY=".venv/bin/python"
 export PYTHONPATH=$PWD
 $PY -m evaluation.report.maximin_table dev --ratios 0.5 0.75 0.9 --fast --price results/bench/price-round3/price.jsonl results/bench/price-round3-toprest/price.jsonl \
   --ruler results/dev/round3-ruler-1024 results/dev/round3-toprest-ruler-1024 \

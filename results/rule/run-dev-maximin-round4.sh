@@ -5,7 +5,7 @@
 # (--decode: price records of at least 3 rounds, each press held to its dearest row); RECOMMENDED_FAST also a
 # prefill time and peak <= 1.2 x. kvpress's masked kvzip is left out of the pool (a reference; it frees nothing).
 #   sh results/rule/run-dev-maximin-round4.sh  -> results/rule/dev-maximin-round4.md (+ .csv)
-PY="/work/main/.venv/bin/python"
+PY=".venv/bin/python"
 export PYTHONPATH=$PWD
 P=results/bench
 $PY -m evaluation.report.maximin_table dev --ratios 0.5 0.75 0.9 --fast --decode --drop kvzip \

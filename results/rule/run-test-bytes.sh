@@ -4,7 +4,7 @@
 # bytes). Resumable. float32: snapkv and the six; bfloat16: snapkv and RECOMMENDED (the dtype users run), on the
 # first MAX_EXAMPLES (default 4) examples of each regime, since bf16 on this CPU takes about 2 minutes a context.
 #   sh results/rule/run-test-bytes.sh float32|bfloat16 [OUT_ROOT]  -> <OUT_ROOT>/bytes/test-records/<regime>-<dtype>.jsonl
-PY="${PY:-/work/main/.venv/bin/python}"
+PY="${PY:-.venv/bin/python}"
 DTYPE="$1"
 OUT="${2:-results}"
 export PYTHONPATH=$PWD

@@ -4,7 +4,7 @@
 #     -> results/rule/test-maximin-records.md: RULER 32 examples, prose 23 windows, recall 24 windows
 #     -> results/rule/test-maximin-records-added.md: the same, recall on the 16 added windows alone
 # A record run in more than one folder keeps the last one's.
-PY="/work/main/.venv/bin/python"
+PY=".venv/bin/python"
 export PYTHONPATH=$PWD
 RULER="results/test/ruler-1024 results/test/hybrid-1024 results/test/ruler-1024-two-regimes results/test/round2-ruler-1024
   results/test/round2-ruler-1024-cand results/test/ruler-1024-prob results/test/regime-ruler-1024

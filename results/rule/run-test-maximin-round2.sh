@@ -3,7 +3,7 @@
 # directory keeps the last one's.
 #   sh results/rule/run-test-maximin-round2.sh   -> results/rule/test-maximin-round2.md (RULER 32 examples, prose
 #      23 windows, recall 24 windows) and results/rule/test-maximin-round2-r1.md (round 1's 8 / 5 / 8, its whole pool)
-PY="/work/main/.venv/bin/python"
+PY=".venv/bin/python"
 export PYTHONPATH=$PWD
 $PY -m evaluation.report.maximin_table test --ratios 0.5 0.75 \
   --ruler results/test/ruler-1024 results/test/hybrid-1024 results/test/ruler-1024-two-regimes \

@@ -3,7 +3,7 @@
 # after the dev picks were written. prob_min_h's prose records at r = 0.5 / 0.75 are round 1's (the same 23
 # windows and seeds); a record run in more than one folder keeps the last one's.
 #   sh results/rule/run-test-maximin-round3.sh  -> results/rule/test-maximin-round3.md (+ .csv, the frontier plots)
-PY="/work/main/.venv/bin/python"
+PY=".venv/bin/python"
 export PYTHONPATH=$PWD
 $PY -m evaluation.report.maximin_table test --ratios 0.5 0.75 0.9 --fast --price results/bench/price-round3/price.jsonl results/bench/price-round3-toprest/price.jsonl \
   --ruler results/test/round3-ruler-1024 results/test/round3-ruler-1024-cand results/test/round3-ruler-1024-cand-s \

@@ -6,7 +6,7 @@
 # by side with the reference, in each regime's own unit, and the paired differences the rule reports.
 #   sh results/rule/run-test-maximin-round4.sh  -> results/rule/test-maximin-round4.md (+ .csv), test-targets-round4.md,
 #   test-maximin-round4-fast.md
-PY="/work/main/.venv/bin/python"
+PY=".venv/bin/python"
 export PYTHONPATH=$PWD
 P=results/bench
 NEW="cross_kvzip_block1_a50_toprest_ragged topk_kvzip_global topk_gate_layers_recent25 cross_kvzip_block1_a75_toprest_ragged topk_gate_ragged"

@@ -5,7 +5,7 @@
 #   sh results/rule/run-test-records.sh recall-added|recall-prose-pick|prose-pool|prose-prose-pick|ruler-prose-pick
 set -u
 cd "$(dirname "$0")/../.."
-PY="/work/main/.venv/bin/python"
+PY=".venv/bin/python"
 export PYTHONPATH=$PWD OMP_NUM_THREADS=1
 RECALL="$PY -m evaluation recall run --split test --seeds 0 1 2 --ratios 0.5 0.75"
 PROSE="$PY -m evaluation prose run --split test --context 1024 --seeds 0 1 2 --max-per-essay 1 --max-windows 23 --threads 1 --ratios 0.5 0.75"

@@ -8,7 +8,7 @@
 # ruler-1024-two-regimes and results/prose/test-1024 (same examples and windows, code unchanged).
 set -u
 CANDIDATES=${CANDIDATES:-}
-PY="/work/main/.venv/bin/python"
+PY=".venv/bin/python"
 export PYTHONPATH=$PWD
 TASKS="niah_single_1 niah_single_2 niah_single_3 niah_multikey_2 niah_multikey_3 niah_multivalue niah_multiquery fwe"
 RULER="$PY -m evaluation run --context-length 1024 --data-seed 1 --n-examples 8 --tasks $TASKS --seeds 0 1 2 --decode-batch 48"

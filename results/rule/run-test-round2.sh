@@ -5,7 +5,7 @@
 #   CANDIDATES="a b" sh results/rule/run-test-round2.sh cand1024|cand-prose|cand-recall|cand2048   round 2's picks
 set -u
 cd "$(dirname "$0")/../.."
-PY="/work/main/.venv/bin/python"
+PY=".venv/bin/python"
 export PYTHONPATH=$PWD
 CANDIDATES=${CANDIDATES:-}
 TASKS="niah_single_1 niah_single_2 niah_single_3 niah_multikey_2 niah_multikey_3 niah_multivalue niah_multiquery fwe"

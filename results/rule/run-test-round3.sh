@@ -11,7 +11,7 @@
 #     CANDIDATES="<the four>" ... prose, recall
 set -u
 cd "$(dirname "$0")/../.."
-PY="/work/main/.venv/bin/python"
+PY=".venv/bin/python"
 export PYTHONPATH=$PWD
 CANDIDATES=${CANDIDATES:-}
 TASKS="niah_single_1 niah_single_2 niah_single_3 niah_multikey_2 niah_multikey_3 niah_multivalue niah_multiquery fwe"

@@ -8,7 +8,7 @@
 #   CANDIDATES=kvzip sh results/rule/run-test-round4.sh ruler-ref|prose-ref|recall-ref
 set -u
 cd "$(dirname "$0")/../.."
-PY="/work/main/.venv/bin/python"
+PY=".venv/bin/python"
 export PYTHONPATH=$PWD HF_HUB_OFFLINE=1
 CANDIDATES=${CANDIDATES:?"the presses chosen on the development splits"}
 TASKS="niah_single_1 niah_single_2 niah_single_3 niah_multikey_2 niah_multikey_3 niah_multivalue niah_multiquery fwe"

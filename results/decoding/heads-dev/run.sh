@@ -6,5 +6,5 @@
 # Resumable: run again to finish. One budget per call: ./run.sh 256
 cd "$(dirname "$0")/../../.."
 PRESSES="snapkv prob_decode_min_variance_priority_floor20 prob_decode_min_variance_priority_floor20_layers prob_decode_min_variance_priority_floor20_heads"
-PYTHONPATH=$PWD HF_HUB_OFFLINE=1 /work/bin/heavy /work/main/.venv/bin/python -m evaluation stream --split dev --tokens 1024 \
+PYTHONPATH=$PWD HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 .venv/bin/python -m evaluation stream --split dev --tokens 1024 \
     --streams 8 --budget "$1" --chunk 32 --interval 32 --presses $PRESSES --seeds 0 1 2 --out results/decoding/heads-dev

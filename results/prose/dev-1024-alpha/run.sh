@@ -4,5 +4,5 @@
 # (the same presses of results/prose/dev-1024 are the comparison if this folder does not have them).
 set -e
 for P in "prob_min_h_ent_alpha prob_min_h_ent_alpha_nocorr hybrid_keydiff_block8_ent_alpha" "prob_min_h_block8_ent_alpha hybrid_tova_block8_ent_alpha prob_min_h_block8_ent_alpha_nocorr" "prob_min_h snapkv"; do
-  OMP_NUM_THREADS=1 PYTHONPATH=$PWD /work/main/.venv/bin/python -m evaluation prose run --split dev --context 1024 --presses $P --ratios 0.5 0.75 --seeds 0 1 2 --max-per-essay 1 --threads 1 --no-report --out results/prose/dev-1024-alpha
+  OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python -m evaluation prose run --split dev --context 1024 --presses $P --ratios 0.5 0.75 --seeds 0 1 2 --max-per-essay 1 --threads 1 --no-report --out results/prose/dev-1024-alpha
 done

@@ -5,5 +5,5 @@
 # ("Round 2: per-layer budgets"), written before this ran. Resumable: run again to finish. One budget per call: ./run.sh 256
 cd "$(dirname "$0")/../../.."
 PRESSES="prob_decode_min_variance_priority_floor20 prob_decode_min_variance_priority_floor20_layers"
-PYTHONPATH=$PWD /work/main/.venv/bin/python -m evaluation stream --split dev --tokens 1024 --streams 8 \
+PYTHONPATH=$PWD .venv/bin/python -m evaluation stream --split dev --tokens 1024 --streams 8 \
     --budget "$1" --chunk 32 --interval 32 --presses $PRESSES --seeds 0 1 2 --out results/stream/dev-round2

@@ -4,7 +4,7 @@
 # (default 450); a rerun continues where it stopped.
 cd "$(dirname "$0")/../../.."
 LIMIT=${LIMIT:-450}
-PYTHONPATH=$PWD timeout "$LIMIT" /work/main/.venv/bin/python -m evaluation stream --split test --tokens 1024 \
+PYTHONPATH=$PWD timeout "$LIMIT" .venv/bin/python -m evaluation stream --split test --tokens 1024 \
     --streams 16 --budget 128 --chunk 32 --interval 32 --presses snapkv prob_decode_min_variance_priority_floor20 \
     prob_decode_min_variance_priority_floor20_nocorr --seeds 0 1 2 --out results/stream/test
 rc=$?; echo "$(date -u +%T) rc=$rc"

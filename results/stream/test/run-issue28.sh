@@ -12,7 +12,7 @@ pass() {  # budgets... -- presses
   [ "$left" -le 30 ] && { echo "$(date -u +%T) out of time before: $*"; exit 0; }
   local budgets=(); while [ "$1" != "--" ]; do budgets+=("$1"); shift; done; shift
   echo "$(date -u +%T) pass budgets ${budgets[*]} presses $* (${left}s left)"
-  PYTHONPATH=$PWD timeout "$left" /work/main/.venv/bin/python -m evaluation stream --split test --tokens 1024 \
+  PYTHONPATH=$PWD timeout "$left" .venv/bin/python -m evaluation stream --split test --tokens 1024 \
       --streams 16 --budget "${budgets[@]}" --chunk 32 --interval 32 --presses "$@" --seeds 0 1 2 \
       --out results/stream/test
   local rc=$?; echo "$(date -u +%T) rc=$rc"
