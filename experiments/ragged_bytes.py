@@ -3,7 +3,10 @@ contexts of results/dev/round3-toprest-ruler-1024 (8 examples, SmolLM2-135M, 102
 0.9, seeds 0-2 for sampled presses, fp32 and bf16. Counts the storage of every tensor each layer holds (a view its
 whole storage): K and V, and the correction bias (a padded layer's, read through the correction; a RaggedLayer's
 own). One shared prefill per context (evaluation.engine.Prefill). Resumable: one JSON line per row; then the table of
-each press's bytes over snapkv's on the same example, ratio and dtype, averaged over examples and seeds.
+each press's bytes over snapkv's on the same example, ratio and dtype, averaged over examples and seeds. For a
+sampled press, `kv_x_expected` is the K+V of the draw's expected kept count (sum of its inclusion probabilities,
+the sampler's ``stats["expected_kept"]``) over snapkv's: what its held K+V averages over seeds, without their noise
+(the padded press holds its padding on top).
   PYTHONPATH=$PWD OMP_NUM_THREADS=1 .venv/bin/python -m experiments.ragged_bytes measure
   PYTHONPATH=$PWD .venv/bin/python -m experiments.ragged_bytes table > results/bytes/ragged-presses/table.txt"""
 
@@ -52,10 +55,11 @@ def table():
     df["kv_x"] = df.kv_bytes / df.snapkv
     df["all_x"] = (df.kv_bytes + df.bias_bytes) / df.snapkv
     df["bias_x"] = df.bias_bytes / df.snapkv
+    df["kv_x expected"] = df.expected_kv_bytes / df.snapkv if "expected_kv_bytes" in df else float("nan")
     seeds = df.groupby(["dtype", "press", "compression_ratio", "seed"])[["kv_x", "bias_x", "all_x"]].mean()
     out = df.groupby(["dtype", "press", "compression_ratio"]).agg(
         examples=("example_id", "nunique"), seeds=("seed", "nunique"), kv_x=("kv_x", "mean"), bias_x=("bias_x", "mean"),
-        all_x=("all_x", "mean"))
+        all_x=("all_x", "mean"), kv_x_expected=("kv_x expected", "mean"))
     out["kv_x seed max"] = seeds.groupby(["dtype", "press", "compression_ratio"]).kv_x.max()
     print(out.round(4).to_string())
 
@@ -87,6 +91,9 @@ def main():
                 kv, bias = held(cache, layers)
                 row = dict(example_id=example, dtype=dtype, press=p, compression_ratio=r, seed=s,
                            n_context=context.shape[1], kv_bytes=kv, bias_bytes=bias)
+                if "expected_kept" in press.stats:  # the draw's expectation: its kept count's, times one entry's bytes
+                    kept = sum(map(sum, press.stats["kept"]))
+                    row["expected_kv_bytes"] = press.stats["expected_kept"] * press.stats["bytes_kept"] / kept
                 with OUT.open("a") as f:
                     f.write(json.dumps(row) + "\n")
                 del cache

@@ -132,6 +132,32 @@ def test_expected_kept_solves_the_budget(scope):
     torch.testing.assert_close(total.double(), target.double().reshape(total.shape), rtol=1e-9, atol=1e-6)
 
 
+@pytest.mark.parametrize("fields", [{}, {"n_sink": 4, "window": 8}, {"alpha": 0.5}])
+def test_draw_reports_its_expected_kept_count_and_the_draws_average_it(fields):
+    """stats["expected_kept"] is the budget (1 - r) n L H (the sure entries count against it), and the kept
+    count of 400 independent draws averages it: within 4 standard errors, sd^2 = sum q (1 - q) from an
+    explicit loop over q_i = 1 - exp(-m pi_i) on the sampled stratum."""
+    pi = heads()
+    L, _, H, n = pi.shape
+    g = torch.Generator().manual_seed(3)
+    first = draw(pi, 0.75, "global", g, **fields)
+    assert abs(first.stats["expected_kept"] - 0.25 * n * L * H) < 1e-6
+    counts = torch.tensor([float(draw(pi, 0.75, "global", g, **fields).keep.sum()) for _ in range(400)],
+                          dtype=torch.float64)
+    sampled = first.log_weight != 0  # the sampled stratum, where the weight is not the sure entries' 1
+    m = first.stats["m"]
+    variance = 0.0
+    for layer in range(L):
+        for head in range(H):
+            scale = m if isinstance(m, float) else m[layer][head]
+            rest = pi[layer, 0, head].double() * sampled[layer, 0, head]
+            rest = rest / rest.sum()
+            for p in rest.tolist():
+                q = 1.0 - math.exp(-scale * p)
+                variance += q * (1.0 - q)
+    assert abs(counts.mean().item() - first.stats["expected_kept"]) < 4 * math.sqrt(variance / 400)
+
+
 def test_global_budget_spends_more_on_flat_heads():
     n = 512
     g = torch.Generator().manual_seed(1)

@@ -138,7 +138,7 @@ def merge_draws(draws: list[Draw]) -> Draw:
                 stats=merge_stats([d.stats for d in draws]))
 
 
-_SUMMED = ("bytes_full", "bytes_kept", "bytes_stored", "bytes_bias")
+_SUMMED = ("bytes_full", "bytes_kept", "bytes_stored", "bytes_bias", "expected_kept")
 _MEAN = ("realised_ratio",)  # every layer has the same heads and prefix: the model's ratio is their mean
 
 

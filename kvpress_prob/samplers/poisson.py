@@ -112,7 +112,9 @@ class PoissonSampler(Sampler):
         sampled, log_w = poisson_sample(pi_rest, m, generator, self.coordinated, self.inclusion_weights)
         keep = exact | sampled
         log_weight = torch.where(exact, 0.0, torch.where(sampled, log_w, float("-inf")))
-        return Draw(keep=keep, log_weight=log_weight.float(), stats={"m": summarise_scale(m[..., 0])})
+        expected = exact.sum() + expected_kept(pi_rest, m).sum()  # sum over L, b, H of sum_i P(kept_i)
+        return Draw(keep=keep, log_weight=log_weight.float(),
+                    stats={"m": summarise_scale(m[..., 0]), "expected_kept": float(expected)})
 
 
 def summarise_scale(m: torch.Tensor) -> float | list:
