@@ -1,0 +1,104 @@
+"""Which context entries the learned-gate presses, and KVzip's global top beside them, keep per layer and KV head
+on the 8 RULER development examples of the regime runs (SmolLM2-135M, 1024-token contexts, the model's default
+gate), r = 0.5 / 0.75 / 0.9.
+
+Each press compresses the context as the pipeline does (``press_prefill``). Each entry a head holds is matched to its
+position by the nearest key of the full cache's same head (the same forward: the distance is 0 up to rounding, and
+its largest value is recorded). Per press and ratio: the needle (each answer's tokens in the context) kept whole in
+what fraction of (layer, KV head) pairs, in how many layers by at least one head, the fraction of needle tokens kept,
+the spread of kept counts over heads, and the share of kept entries among the last 10 % of the context. Resumable:
+one JSON line per (example, press, ratio).
+  PYTHONPATH=$PWD OMP_NUM_THREADS=1 .venv/bin/python -m experiments.fast_cache measure
+  PYTHONPATH=$PWD .venv/bin/python -m experiments.fast_cache table > results/dev/fast-cache/table.md"""
+
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+OUT = Path("results/dev/fast-cache/survival.jsonl")
+PRESSES = ["topk_gate_layers_recent25", "topk_gate_widest", "topk_gate_ragged", "topk_kvzip_global"]
+RATIOS = [0.5, 0.75, 0.9]
+
+
+def kept_positions(full_keys: torch.Tensor, held_keys: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """Positions (c,) in the full head's keys (n, d) of the held keys (c, d), and the largest matching distance."""
+    distance = torch.cdist(held_keys.double(), full_keys.double())  # (c, n)
+    nearest = distance.min(dim=-1)
+    return nearest.indices, float(nearest.values.max()) if len(nearest.values) else 0.0
+
+
+def survival(keep: torch.Tensor, spans: list[list[int]]) -> dict:
+    """keep (L, H, n) bool; spans: the needles' positions. Averages over the needles."""
+    L, H, n = keep.shape
+    whole = [keep[..., span].all(-1) for span in spans]  # each (L, H)
+    counts = keep.sum(-1).double()  # (L, H)
+    return {"heads_whole": sum(float(w.double().mean()) for w in whole) / len(spans),
+            "layers_any_head": sum(float(w.any(-1).double().sum()) for w in whole) / len(spans),
+            "needle_tokens_kept": sum(float(keep[..., span].double().mean()) for span in spans) / len(spans),
+            "count_min": int(counts.min()), "count_max": int(counts.max()),
+            "count_cv": float(counts.std() / counts.mean()),
+            "last10_share": float(keep[..., int(0.9 * n):].sum() / keep.sum())}
+
+
+def measure():
+    from kvpress.pipeline import KVPressTextGenerationPipeline
+
+    from evaluation.bench import common
+    from evaluation.engine import press_prefill
+    from experiments.zip_gap import find, ruler_dev
+    from kvpress_prob.cache import head_entries
+    from kvpress_prob.names.registry import get_press
+
+    torch.set_num_threads(1)
+    done = set()
+    if OUT.exists():
+        done = {(r["example_id"], r["press"], r["compression_ratio"]) for r in map(json.loads, OUT.read_text().splitlines())}
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    model, tokenizer = common.load(None)
+    pipe = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer)
+    for row in ruler_dev(tokenizer):
+        todo = [(p, r) for p in PRESSES for r in RATIOS if (row["id"], p, r) not in done]
+        if not todo:
+            continue
+        ids = pipe.preprocess(row["context"], [row["question"]], row["answer_prefix"], max_context_length=10**9)["context_ids"]
+        spans = [find(ids[0].tolist(), tokenizer.encode(" " + a, add_special_tokens=False)) or
+                 find(ids[0].tolist(), tokenizer.encode(a, add_special_tokens=False)) for a in row["answer"]]
+        spans = [s for s in spans if s]
+        with torch.no_grad():
+            full = [layer.keys[0].clone() for layer in press_prefill(model, ids, None).layers]  # L x (H, n, d)
+            for name, ratio in todo:
+                cache = press_prefill(model, ids, get_press(name, ratio))
+                keep = torch.zeros(len(full), full[0].shape[0], ids.shape[1], dtype=torch.bool)
+                worst = 0.0
+                for layer_idx, layer in enumerate(cache.layers):
+                    for head, (keys, _) in enumerate(head_entries(layer)):
+                        positions, distance = kept_positions(full[layer_idx][head], keys)
+                        keep[layer_idx, head, positions] = True
+                        worst = max(worst, distance)
+                record = {"example_id": row["id"], "task": row["task"], "press": name, "compression_ratio": ratio,
+                          "n_context": ids.shape[1], "needles": len(spans), "match_distance_max": worst,
+                          **survival(keep, spans)}
+                with OUT.open("a") as f:
+                    f.write(json.dumps(record) + "\n")
+                print(json.dumps(record), file=sys.stderr, flush=True)
+
+
+def table():
+    from evaluation.report.tables import markdown_table
+
+    df = pd.read_json(OUT, lines=True)
+    out = df.groupby(["press", "compression_ratio"]).agg(
+        examples=("example_id", "nunique"), heads_whole=("heads_whole", "mean"), layers_any_head=("layers_any_head", "mean"),
+        needle_tokens_kept=("needle_tokens_kept", "mean"), count_min=("count_min", "min"), count_max=("count_max", "max"),
+        count_cv=("count_cv", "mean"), last10_share=("last10_share", "mean"), match_distance_max=("match_distance_max", "max"))
+    print("# What the learned-gate presses and KVzip's global top keep (RULER development, 8 examples, 30 layers x 3 KV "
+          "heads)\n")
+    print(f"Command: `{__doc__.splitlines()[-2].strip()}`, then `... table`.\n")
+    print(markdown_table(out.reset_index(), index=False, float_format="{:.3f}"))
+
+
+if __name__ == "__main__":
+    {"measure": measure, "table": table}[sys.argv[1]]()
