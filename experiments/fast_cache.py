@@ -40,7 +40,7 @@ def survival(keep: torch.Tensor, spans: list[list[int]]) -> dict:
             "needle_tokens_kept": sum(float(keep[..., span].double().mean()) for span in spans) / len(spans),
             "count_min": int(counts.min()), "count_max": int(counts.max()),
             "count_cv": float(counts.std() / counts.mean()),
-            "last10_share": float(keep[..., int(0.9 * n):].sum() / keep.sum())}
+            "last10_share": int(keep[..., int(0.9 * n):].sum()) / int(keep.sum())}
 
 
 def measure():
