@@ -43,7 +43,7 @@ def survival(keep: torch.Tensor, spans: list[list[int]]) -> dict:
             "last10_share": int(keep[..., int(0.9 * n):].sum()) / int(keep.sum())}
 
 
-def measure():
+def main():
     from kvpress.pipeline import KVPressTextGenerationPipeline
 
     from evaluation.bench import common
@@ -101,4 +101,4 @@ def table():
 
 
 if __name__ == "__main__":
-    {"measure": measure, "table": table}[sys.argv[1]]()
+    {"measure": main, "table": table}[sys.argv[1]]()
