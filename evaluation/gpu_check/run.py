@@ -216,7 +216,9 @@ def ragged_routes(device: str) -> list[str]:
 def ragged_decode_rows(model: str, n: int, timed: dict, device: str) -> list[dict]:
     """One row per route of ``RAGGED``'s decode step over snapkv's plain step (the same lockstep decode);
     ``auto``: the route ``set_route("auto")`` runs on ``device``."""
-    auto = "flex" if device == "cuda" else "portable"
+    from kvpress_prob.cache.attention import auto_route
+
+    auto = auto_route(device)
     snapkv = timed["snapkv, plain sdpa"]["median_step_ms"]
     return [{"model": model, "n": n, "press": RAGGED, "route": v.rsplit(", ", 1)[1], "auto": v.endswith(f", {auto}"),
              "median_step_ms": t["median_step_ms"], "snapkv_step_ms": snapkv, "over_snapkv": t["median_step_ms"] / snapkv,

@@ -92,6 +92,11 @@ def route() -> str:
     return _ROUTE[0]
 
 
+def auto_route(device: torch.device | str) -> str:
+    """The route "auto" runs on ``device``: "flex" on CUDA where torch has FlexAttention, else "portable"."""
+    return "flex" if torch.device(device).type == "cuda" and flex.available() else "portable"
+
+
 def choose(query: torch.Tensor):
     """The function that runs a ragged forward of ``query`` on the route set (``set_route``): one of
     ``ragged_sdpa``, ``fused.flex_ragged``, ``fused.nested_ragged``, ``fused.flash_ragged``, read when called.
@@ -99,7 +104,7 @@ def choose(query: torch.Tensor):
     and flash_attn, with a bias or in float32) raises, naming the routes that can."""
     name = _ROUTE[0]
     if name == "auto":
-        name = "flex" if query.is_cuda and flex.available() else "portable"
+        name = auto_route(query.device)
     if name == "flash" and not (query.is_cuda and fused.flash_available()):
         raise RuntimeError(f"the flash route needs a CUDA device and the flash_attn package (query on "
                            f"{query.device}, flash_attn importable: {fused.flash_available()}); choose another of "
@@ -132,4 +137,4 @@ def install() -> None:
     wrap_all(_WRAPPED, wrap)
 
 
-__all__ = ["ROUTES", "choose", "install", "ragged_sdpa", "route", "set_route", "wrap"]
+__all__ = ["ROUTES", "auto_route", "choose", "install", "ragged_sdpa", "route", "set_route", "wrap"]
