@@ -64,7 +64,8 @@ def marks() -> dict[str, str]:
 
 def test_every_folder_is_marked():
     unmarked = sorted(set(folders()) - set(marks()))
-    assert not unmarked, f"results/README.md marks no row for {unmarked}"
+    assert not unmarked, (f"results/README.md marks no row for {unmarked}: add one (shipped at the top of results/, "
+                          "study or superseded under results/archive/)")
 
 
 @pytest.mark.parametrize("folder, mark", sorted(marks().items()))
