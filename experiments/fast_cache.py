@@ -9,7 +9,7 @@ what fraction of (layer, KV head) pairs, in how many layers by at least one head
 the spread of kept counts over heads, and the share of kept entries among the last 10 % of the context. Resumable:
 one JSON line per (example, press, ratio).
   PYTHONPATH=$PWD OMP_NUM_THREADS=1 .venv/bin/python -m experiments.fast_cache measure
-  PYTHONPATH=$PWD .venv/bin/python -m experiments.fast_cache table > results/dev/fast-cache/table.md"""
+  PYTHONPATH=$PWD .venv/bin/python -m experiments.fast_cache table > results/archive/dev/fast-cache/table.md"""
 
 import json
 import sys
@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-OUT = Path("results/dev/fast-cache/survival.jsonl")
+OUT = Path("results/archive/dev/fast-cache/survival.jsonl")
 PRESSES = ["topk_gate_layers_recent25", "topk_gate_widest", "topk_gate_ragged", "topk_kvzip_global"]
 RATIOS = [0.5, 0.75, 0.9]
 

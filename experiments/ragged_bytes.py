@@ -1,5 +1,5 @@
 """Bytes held on the cache by the ragged presses beside snapkv and the padded prob_min_h, on the RULER development
-contexts of results/dev/round3-toprest-ruler-1024 (8 examples, SmolLM2-135M, 1024-token contexts), r = 0.5 / 0.75 /
+contexts of results/archive/dev/round3-toprest-ruler-1024 (8 examples, SmolLM2-135M, 1024-token contexts), r = 0.5 / 0.75 /
 0.9, seeds 0-2 for sampled presses, fp32 and bf16. Counts the storage of every tensor each layer holds (a view its
 whole storage): K and V, and the correction bias (a padded layer's, read through the correction; a RaggedLayer's
 own). One shared prefill per context (evaluation.engine.Prefill). Resumable: one JSON line per row; then the table of
@@ -8,7 +8,7 @@ sampled press, `kv_x_expected` is the K+V of the draw's expected kept count (sum
 the sampler's ``stats["expected_kept"]``) over snapkv's: what its held K+V averages over seeds, without their noise
 (the padded press holds its padding on top).
   PYTHONPATH=$PWD OMP_NUM_THREADS=1 .venv/bin/python -m experiments.ragged_bytes measure
-  PYTHONPATH=$PWD .venv/bin/python -m experiments.ragged_bytes table > results/bytes/ragged-presses/table.txt"""
+  PYTHONPATH=$PWD .venv/bin/python -m experiments.ragged_bytes table > results/archive/bytes/ragged-presses/table.txt"""
 
 import json
 import sys
@@ -25,8 +25,8 @@ from kvpress_prob.cache import RaggedLayer
 from kvpress_prob.correction import bias as correction
 from kvpress_prob.names.registry import get_press, is_sampling
 
-FOLDER = Path("results/dev/round3-toprest-ruler-1024")
-OUT = Path("results/bytes/ragged-presses/ruler-dev.jsonl")
+FOLDER = Path("results/archive/dev/round3-toprest-ruler-1024")
+OUT = Path("results/archive/bytes/ragged-presses/ruler-dev.jsonl")
 PRESSES = ["snapkv", "prob_min_h", "prob_min_h_ragged", "cross_kvzip_block1_a75_toprest_ragged", "adakv_snapkv_ragged"]
 RATIOS = [0.5, 0.75, 0.9]
 

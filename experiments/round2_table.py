@@ -4,7 +4,7 @@ table's worst q and each press's price over snapkv's (``evaluation.report.price`
 decode step, decode route; "—" without a price record). The record folders are those of the ``k``-th maximin command (from 0) of a maximin script.
 
     python -m experiments.round2_table [SCRIPT CSV [K]]   # prints a markdown table and the example counts
-    (default: results/rule/run-test-maximin-round2.sh results/rule/test-maximin-round2.csv 0)
+    (default: results/archive/rule/run-test-maximin-round2.sh results/archive/rule/test-maximin-round2.csv 0)
 """
 
 import re
@@ -18,7 +18,7 @@ from evaluation.report.maximin import complete
 from evaluation.report.maximin_table import frame
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT = ["results/rule/run-test-maximin-round2.sh", "results/rule/test-maximin-round2.csv"]
+DEFAULT = ["results/archive/rule/run-test-maximin-round2.sh", "results/archive/rule/test-maximin-round2.csv"]
 RATIOS = (0.5, 0.75)
 
 

@@ -10,7 +10,7 @@ For each example, one full-cache prefill (``engine.Prefill``) serves:
 Records are appended per example, so a killed run resumes where it stopped. ``report.md``: per s,
 the mean TV and the paired survival difference (per example, averaged over ratios and seeds).
 
-``python -m experiments.sampled_rows --out results/dev/sampled-rows-1024``; with
+``python -m experiments.sampled_rows --out results/archive/dev/sampled-rows-1024``; with
 ``--paired <results folders>``: the test split's paired score table instead.
 """
 
@@ -147,7 +147,7 @@ def paired_scores(results: pd.DataFrame, sampled: str = "prob_min_h_s256") -> st
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m experiments.sampled_rows", description=__doc__,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--out", default="results/dev/sampled-rows-1024", help="output folder")
+    p.add_argument("--out", default="results/archive/dev/sampled-rows-1024", help="output folder")
     add_split_arguments(p)
     p.add_argument("--rows", nargs="+", type=int, default=[16, 32, 64, 128, 256], help="values of s (query rows)")
     p.add_argument("--row-seeds", nargs="+", type=int, default=[0, 1, 2], help="row seeds of the TV measurement")

@@ -9,7 +9,7 @@ KVzip's pi, row 1 pi_min-h). Per layer, over heads and windows:
   and ``recent_kvzip`` the same share among the entries of KVzip's top that the fill displaced;
 - ``fill_mass``: pi_min-h's mass on the fill, against ``displaced_mass``, its mass on the displaced entries.
 
-    PYTHONPATH=$PWD python -m experiments.toprest_cache --windows 3 --ratios 0.75 0.9 --out results/dev/toprest-cache
+    PYTHONPATH=$PWD python -m experiments.toprest_cache --windows 3 --ratios 0.75 0.9 --out results/archive/dev/toprest-cache
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def main(argv=None) -> Path:
     p.add_argument("--press", default="cross_kvzip_block1_a75_toprest_widest")
     p.add_argument("--windows", type=int, default=3)
     p.add_argument("--ratios", nargs="+", type=float, default=[0.75, 0.9])
-    p.add_argument("--out", default="results/dev/toprest-cache")
+    p.add_argument("--out", default="results/archive/dev/toprest-cache")
     args = p.parse_args(argv)
     model, tokenizer = load_model()
     found = windows(tokenizer, 1024, 256, "dev", max_per_essay=1)[: args.windows]

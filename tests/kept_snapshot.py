@@ -78,7 +78,7 @@ def tiny(attn: str = "sdpa", scale: float = 0.0) -> LlamaForCausalLM:
 
 
 def record_names() -> set[str]:
-    """Every press named in results/**/results.jsonl and in a manifest's ``--presses``."""
+    """Every press named in results/**/results.jsonl and in a manifest's ``--presses`` (results/archive/ included)."""
     names = set()
     for path in glob.glob(str(ROOT / "results" / "**" / "results.jsonl"), recursive=True):
         for line in Path(path).read_text().splitlines():

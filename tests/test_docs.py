@@ -267,3 +267,30 @@ def test_catalogue_links_name_headings_of_docs_presses():
 
     for family in FAMILIES.values():
         assert check_anchor(family.docs.removeprefix("docs/"), ROOT / "docs" / "index.md") is None, family.docs
+
+
+def test_every_picture_of_the_measurements_page_exists_with_its_record_and_command(tmp_path):
+    """docs/measurements.md: each picture it shows is a committed PNG, named under it by the records it is drawn
+    from (which exist) and by ``python -m experiments.measurements NAME``, the command that writes that file; one
+    command is rerun here and writes a PNG of the same name."""
+    from experiments import measurements
+
+    page = ROOT / "docs" / "measurements.md"
+    sections = page.read_text().split("\n## ")[1:]
+    assert len(sections) >= 4
+    names = {}
+    for section in sections:
+        (image,) = re.findall(r"!\[[^\]]*\]\(([^)\s]+\.png)\)", section)
+        png = page.parent / image
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{image} is no committed PNG"
+        records = re.findall(r"`(results/[^`\s]+)`", section.split("Records:", 1)[1].split("Command:", 1)[0])
+        assert records and all((ROOT / r).exists() for r in records), f"{image}: records {records}"
+        (name,) = re.findall(r"Command: `python -m experiments\.measurements (\w+)`", section)
+        assert name in measurements.PICTURES, f"{image}: no picture {name!r} in experiments/measurements.py"
+        names[name] = png.name
+    assert set(names) == set(measurements.PICTURES)
+    for path in (measurements.TABLE, measurements.BUDGET, measurements.FIDELITY / "records.jsonl",
+                 *(ROOT / p for p in measurements.DECODE_RECORDS)):
+        assert path.exists(), f"experiments/measurements.py reads {path}, which does not exist"
+    (written,) = measurements.main(["budget", "--out", str(tmp_path)])
+    assert written.name == names["budget"] and written.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

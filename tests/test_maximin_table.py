@@ -1,5 +1,6 @@
 """The maximin command (``python -m evaluation.report.maximin_table``) and the frontier plot, against the committed
-tables of results/rule/: rerun on the committed records with each table's own command, they write the same table."""
+tables of results/archive/rule/ (the earlier tables, archived with their records): rerun on the committed records
+with each table's own command, they write the same table."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from evaluation.report.frontier import main as frontier
 from evaluation.report.maximin_table import main as maximin_table
 
 ROOT = Path(__file__).resolve().parents[1]
-RULE = ROOT / "results" / "rule"
+RULE = ROOT / "results" / "archive" / "rule"
 NEW = "python -m evaluation.report.maximin_table"
 
 

@@ -131,7 +131,7 @@ def test_the_detector_finds_every_phrasing(monkeypatch):
         f"10 The recommended press, `{old}`, evicts.",
         # not statements: a press and a role far apart or joined by a content word
         f"11 `RECOMMENDED` changes only if a new design's worst exceeds `{old}`'s by more than the margin.",
-        "12 `h2o` against the recommendations; see `results/dev/recommended.md` and `topk_gate_widest` (Fast KVzip's).",
+        "12 `h2o` against the recommendations; see `results/archive/dev/recommended.md` and `topk_gate_widest` (Fast KVzip's).",
         f"13 [the rule](docs/research/recommendation-rule.md) about `{old}` on retrieval alone.",
     ])
     path = ROOT / "docs" / "_probe.md"

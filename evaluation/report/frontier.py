@@ -2,7 +2,7 @@
 score against its prose KL over the regime's best press, recall as the marker's colour; and, with a price record
 (``python -m evaluation.bench price``), each design's worst q against its prefill time over snapkv's.
 
-    python -m evaluation.report.frontier results/rule/test-maximin.csv   # writes results/rule/test-frontier.png
+    python -m evaluation.report.frontier results/rule/test-maximin-round4.csv   # writes results/rule/test-frontier.png
     python -m evaluation.report.frontier T.csv --price results/bench/price/price.jsonl   # and <split>-price.png
 """
 

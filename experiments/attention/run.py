@@ -24,7 +24,7 @@ Per (example, sampling press) ``proposals.jsonl`` also holds the proposal's shap
 support exp(H(pi)) / n and its needle share sum_{needle} pi against the uniform share |needle| / n,
 averaged over layers and KV heads.
 
-``python -m experiments.attention --out results/bench/attention/dev-1024 --presses ... --scores <results.jsonl> ...``
+``python -m experiments.attention --out results/archive/bench/attention/dev-1024 --presses ... --scores <results.jsonl> ...``
 then correlates each measure with the decoded score and the KL across presses
 (``experiments.attention.report``).
 """
@@ -247,7 +247,7 @@ def run(args) -> None:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m experiments.attention", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="results/bench/attention/dev-1024", help="output folder")
+    p.add_argument("--out", default="results/archive/bench/attention/dev-1024", help="output folder")
     p.add_argument("--model", default=None, help="HF id or local path (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--context-length", type=int, default=1024)
     p.add_argument("--data-seed", type=int, default=0, help="RULER data seed (0: the development split)")

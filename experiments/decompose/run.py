@@ -15,7 +15,7 @@ label, resumable and shardable). Needle survival needs no decoding: for each NIA
 the fraction of (layer, KV head) pairs in which every token of a needle's value survived, per
 layer, read off the compressed cache (``survival.jsonl``). Tables and plots: ``experiments.decompose.report``.
 
-``python -m experiments.decompose --out results/decompose/dev-1024 [--survival-only]``
+``python -m experiments.decompose --out results/archive/decompose/dev-1024 [--survival-only]``
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def load_split(args: argparse.Namespace, out: Path):
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m experiments.decompose", description=__doc__,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--out", default="results/decompose/dev-1024", help="output folder")
+    p.add_argument("--out", default="results/archive/decompose/dev-1024", help="output folder")
     add_split_arguments(p)
     p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
     p.add_argument("--extra", nargs="*", default=[], help="other registry presses measured alongside the steps")

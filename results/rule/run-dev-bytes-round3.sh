@@ -8,9 +8,9 @@ OUT="${1:-results}"
 export PYTHONPATH=$PWD
 POOL="snapkv topk_kvzip_widest topk_gate_widest topk_keydiff_block8 cross_kvzip_block1_a75_widest
   cross_kvzip_block1_a90_widest cross_kvzip_block1_a50_toprest_widest cross_kvzip_block1_a75_toprest_widest"
-RULER="results/dev/round3-ruler-1024 results/dev/round3-toprest-ruler-1024"
-PROSE="results/prose/dev-1024-round3 results/prose/dev-1024-round3-toprest"
-RECALL="results/recall/dev-1024-round3 results/recall/dev-1024-round3-toprest"
+RULER="results/archive/dev/round3-ruler-1024 results/archive/dev/round3-toprest-ruler-1024"
+PROSE="results/archive/prose/dev-1024-round3 results/archive/prose/dev-1024-round3-toprest"
+RECALL="results/archive/recall/dev-1024-round3 results/archive/recall/dev-1024-round3-toprest"
 for regime in RULER PROSE RECALL; do
   eval folders=\$$regime
   $PY -m evaluation.bench bytes --results $folders --name dev-round3 --presses $POOL --ratios 0.5 0.75 0.9 \

@@ -12,14 +12,14 @@ ragged)
   POOL=${POOL:-"snapkv topk_kvzip_global prob_min_h_ragged cross_kvzip_block1_a75_toprest_ragged
     cross_kvzip_block1_a50_toprest_ragged topk_gate_layers topk_gate_layers_recent10 topk_gate_layers_recent25
     topk_gate_layers_recent50"}
-  RULER="results/dev/round3-ruler-1024 results/dev/ragged-ruler-1024 results/dev/ragged-presses-ruler-1024 results/dev/fast-ruler-1024"
-  PROSE="results/prose/dev-1024-round3 results/prose/dev-1024-ragged results/prose/dev-1024-ragged-presses results/prose/dev-1024-fast"
-  RECALL="results/recall/dev-1024-round3 results/recall/dev-1024-ragged results/recall/dev-1024-ragged-presses results/recall/dev-1024-fast" ;;
+  RULER="results/archive/dev/round3-ruler-1024 results/archive/dev/ragged-ruler-1024 results/archive/dev/ragged-presses-ruler-1024 results/archive/dev/fast-ruler-1024"
+  PROSE="results/archive/prose/dev-1024-round3 results/archive/prose/dev-1024-ragged results/archive/prose/dev-1024-ragged-presses results/archive/prose/dev-1024-fast"
+  RECALL="results/archive/recall/dev-1024-round3 results/archive/recall/dev-1024-ragged results/archive/recall/dev-1024-ragged-presses results/archive/recall/dev-1024-fast" ;;
 added)
   POOL=${POOL:-"snapkv adakv_snapkv_ragged topk_gate_ragged"}
-  RULER="results/dev/round3-ruler-1024 results/dev/round4-added-ruler-1024"
-  PROSE="results/prose/dev-1024-round3 results/prose/dev-1024-round4-added"
-  RECALL="results/recall/dev-1024-round3 results/recall/dev-1024-round4-added" ;;
+  RULER="results/archive/dev/round3-ruler-1024 results/archive/dev/round4-added-ruler-1024"
+  PROSE="results/archive/prose/dev-1024-round3 results/archive/prose/dev-1024-round4-added"
+  RECALL="results/archive/recall/dev-1024-round3 results/archive/recall/dev-1024-round4-added" ;;
 esac
 for regime in RULER PROSE RECALL; do
   eval folders=\$$regime

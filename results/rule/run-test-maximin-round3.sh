@@ -15,4 +15,4 @@ $PY -m evaluation.report.maximin_table test --ratios 0.5 0.75 0.9 --fast --price
     cross_kvzip_block1_a50_toprest_widest cross_kvzip_block1_a75_toprest_widest \
   ${BYTES:+--bytes $BYTES} --out results/rule/test-maximin-round3.md
 $PY -m evaluation.report.frontier results/rule/test-maximin-round3.csv --price results/bench/price-round3/price.jsonl results/bench/price-round3-toprest/price.jsonl \
-  --out results/rule/test-round3-frontier.png
+  --out results/archive/rule/test-round3-frontier.png

@@ -16,7 +16,7 @@ case "$1" in
 recall-added)       # the 16 windows no baseline had run on
   $RECALL --max-windows 24 --skip-windows 8 --presses $POOL --out results/recall/test-1024-added ;;
 recall-prose-pick)  # RECOMMENDED_PROSE on all 24 windows
-  $RECALL --max-windows 24 --presses $PICK2 --out results/recall/test-1024-prose-pick ;;
+  $RECALL --max-windows 24 --presses $PICK2 --out results/archive/recall/test-1024-prose-pick ;;
 prose-pool)         # kvzip, topk_kvzip_layers, topk_keydiff_block8 on prose's 23 test windows (resumes round 2's stopped run)
   $PROSE --presses kvzip topk_kvzip_layers topk_keydiff_block8 --out results/prose/test-1024-round2 ;;
 prose-prose-pick)   # RECOMMENDED_PROSE on prose's 23 test windows (its first 4 are in results/prose/test-1024-round2)
@@ -24,5 +24,5 @@ prose-prose-pick)   # RECOMMENDED_PROSE on prose's 23 test windows (its first 4 
 ruler-prose-pick)   # RECOMMENDED_PROSE on RULER's 32 test examples (8 were run in round 2; the store resumes)
   $PY -m evaluation run --context-length 1024 --data-seed 1 --n-examples 32 --tasks niah_single_1 niah_single_2 \
     niah_single_3 niah_multikey_2 niah_multikey_3 niah_multivalue niah_multiquery fwe --seeds 0 1 2 \
-    --decode-batch 48 --ratios 0.5 0.75 --presses $PICK2 --out results/test/round2-ruler-1024-pick2 ;;
+    --decode-batch 48 --ratios 0.5 0.75 --presses $PICK2 --out results/archive/test/round2-ruler-1024-pick2 ;;
 esac

@@ -17,9 +17,9 @@ PICKS="topk_kvzip_layers cross_kvzip_block8_a50_layers kvzip prob_uniform_priori
 PICK2="cross_kvzip_block1_a75_mix50_layers"  # round 2's RECOMMENDED_PROSE (dev, 20:55 UTC)
 BASE="h2o snapkv tova keydiff expected_attention topk_keydiff_block8 hybrid_keydiff_block8_a90 prob_min_h_priority prob_min_h_priority_head"
 case "$1" in
-ruler1024)  # round 1's 8 examples are in regime-ruler-1024(-cand); the baselines' 32 in results/test/ruler-1024 etc.
-  $R1024 --presses $PICKS h2o snapkv --out results/test/round2-ruler-1024
-  $R1024 --ratios 0.25 --presses prob_min_h_priority prob_min_h_priority_head --out results/test/round2-ruler-1024 ;;
+ruler1024)  # round 1's 8 examples are in regime-ruler-1024(-cand); the baselines' 32 in results/archive/test/ruler-1024 etc.
+  $R1024 --presses $PICKS h2o snapkv --out results/archive/test/round2-ruler-1024
+  $R1024 --ratios 0.25 --presses prob_min_h_priority prob_min_h_priority_head --out results/archive/test/round2-ruler-1024 ;;
 prose)      # 23 windows; the baselines at r = 0.5 / 0.75 are in results/prose/test-1024
   $PROSE --ratios 0.25 0.5 0.75 --presses $PICKS $PICK2 topk_keydiff_block8 --out results/prose/test-1024-round2
   $PROSE --ratios 0.25 --presses h2o snapkv tova keydiff expected_attention prob_min_h_priority prob_min_h_priority_head \
@@ -27,8 +27,8 @@ prose)      # 23 windows; the baselines at r = 0.5 / 0.75 are in results/prose/t
 recall)
   $RECALL --ratios 0.25 0.5 0.75 --presses $PICKS $PICK2 $BASE --out results/recall/test-1024-round2 ;;
 ruler2048)  # round 2's RECOMMENDED and RECOMMENDED_RETRIEVAL against the best top-k at 2048 tokens (compute: one example per task)
-  $R2048 --presses topk_kvzip_widest topk_kvzip_ragged_fit topk_keydiff_block8 --out results/test/round2-ruler-2048 ;;
-cand1024) $R1024 --presses $CANDIDATES --out results/test/round2-ruler-1024-cand ;;
+  $R2048 --presses topk_kvzip_widest topk_kvzip_ragged_fit topk_keydiff_block8 --out results/archive/test/round2-ruler-2048 ;;
+cand1024) $R1024 --presses $CANDIDATES --out results/archive/test/round2-ruler-1024-cand ;;
 cand-prose) $PROSE --ratios 0.25 0.5 0.75 --presses $CANDIDATES --out results/prose/test-1024-round2-cand ;;
 cand-recall) $RECALL --ratios 0.25 0.5 0.75 --presses $CANDIDATES --out results/recall/test-1024-round2-cand ;;
 cand2048) $R2048 --presses $CANDIDATES --out results/test/round2-ruler-2048-cand ;;

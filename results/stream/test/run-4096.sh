@@ -4,4 +4,4 @@
 cd "$(dirname "$0")/../../.."
 PYTHONPATH=$PWD ${PY:-.venv/bin/python} -m evaluation stream --split test --tokens 4096 --streams 4 \
     --budget 256 512 --chunk 32 --interval 32 --presses snapkv h2o prob_decode_min_variance_priority_floor20 \
-    prob_decode_min_variance_priority_floor20_nocorr --seeds 0 1 2 --out results/stream/test-4096
+    prob_decode_min_variance_priority_floor20_nocorr --seeds 0 1 2 --out results/archive/stream/test-4096

@@ -5,4 +5,4 @@
 cd "$(dirname "$0")/../../.."
 ${PY:-.venv/bin/python} -m evaluation stream --split test --tokens 1024 --streams 4 --budget 256 --chunk 1 \
     --interval 32 --presses snapkv h2o prob_decode_min_variance_priority_floor20 \
-    prob_decode_min_variance_priority_floor20_nocorr --seeds 0 1 2 --out results/stream/test-chunk1
+    prob_decode_min_variance_priority_floor20_nocorr --seeds 0 1 2 --out results/archive/stream/test-chunk1

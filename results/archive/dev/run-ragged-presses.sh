@@ -1,0 +1,15 @@
+# Development splits for round 4: the ragged presses (each KV head its own count, stored without padding) on the
+# examples of round3-ruler-1024, prose/dev-1024-round3 and recall/dev-1024-round3, at r = 0.5, 0.75 and 0.9, seeds
+# 0-2 for the sampled prob_min_h_ragged. Resumable.
+#   sh results/archive/dev/run-ragged-presses.sh ruler|prose|recall
+PRESSES=${PRESSES:-"prob_min_h_ragged cross_kvzip_block1_a75_toprest_ragged cross_kvzip_block1_a50_toprest_ragged"}
+PY=${PY:-.venv/bin/python}
+case "$1" in
+ruler) PYTHONPATH=$PWD $PY -m evaluation run --context-length 1024 --data-seed 0 --n-examples 8 \
+  --tasks niah_single_1 niah_single_2 niah_single_3 niah_multikey_2 niah_multikey_3 niah_multivalue niah_multiquery fwe \
+  --ratios 0.5 0.75 0.9 --seeds 0 1 2 --decode-batch 48 --presses ${PRESSES} --out results/archive/dev/ragged-presses-ruler-1024 ;;
+prose) PYTHONPATH=$PWD $PY -m evaluation prose run --split dev --context 1024 --presses ${PRESSES} \
+  --ratios 0.5 0.75 0.9 --seeds 0 1 2 --max-per-essay 1 --threads 1 --no-report --out results/archive/prose/dev-1024-ragged-presses ;;
+recall) PYTHONPATH=$PWD $PY -m evaluation recall run --split dev --presses ${PRESSES} \
+  --ratios 0.5 0.75 0.9 --seeds 0 1 2 --max-windows 12 --no-report --out results/archive/recall/dev-1024-ragged-presses ;;
+esac
