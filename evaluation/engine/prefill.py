@@ -1,6 +1,7 @@
 """Prefill once (``Prefill``): each example's context is prefilled once with the full cache, told the
 presses it will serve. Its attention hooks compute, layer by layer and from what each hook sees,
-what those presses need (``plan``): a ``SamplingPress``'s proposal through ``propose``, a kvpress
+what those presses need (``plan``: what each press declares in its ``prefill_plan``, kvpress's own
+read from kvpress's interface): a ``SamplingPress``'s proposal through ``propose``, a kvpress
 scorer's scores through its ``score``, each computed once per example and distinct proposal or
 scorer, and shared by every ratio and seed (the stored tensors are keyed without the ratio; a
 scorer whose scores read it, StreamingLLM's, has one per ratio: ``scores_read_ratio``). Only
@@ -28,10 +29,8 @@ compressed by a prefill under it (``press_prefill``).
 
 from __future__ import annotations
 
-import dataclasses
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from kvpress import AdaKVPress, BasePress, ObservedAttentionPress
@@ -46,8 +45,8 @@ from kvpress_prob.presses.gate import GatePress
 from kvpress_prob.presses.sampling import language_model
 from kvpress_prob.presses.h2o import EagerObservedAttentionPress
 from kvpress_prob.presses.kvzip import KVzipSampledPress
-from kvpress_prob.presses.ragged_presses import RaggedAdaKVPress
-from kvpress_prob.proposals.base import scores_read_ratio
+from kvpress_prob.presses.prefill_plan import PrefillPlan as Plan
+from kvpress_prob.presses.prefill_plan import adakv_plan, scores_plan, standard_scorer
 from kvpress_prob.presses.spans import SpanPress
 
 
@@ -70,83 +69,31 @@ class ReplayedScores(ScorerPress):
         return self.scores[module.layer_idx].clone()  # AdaKV writes into its scores
 
 
-@dataclass(frozen=True)
-class Plan:
-    """How the engine reproduces one press after a shared prefill.
-
-    kind: "full" (nothing to do), "sampling" (``evict`` on the proposals stored under ``key``),
-    "scores" / "adakv" (kvpress's top-k / AdaKV mask on the scores stored under ``key``), "gate" (a gate press's
-    ``compress_scores`` on its gate's scores stored under ``key``), "eager"
-    (H2O: the scores and keys of an eager prefill), "kvzip" (a KVzip press on the shared cache; its tail
-    proposal, if any, stored under ``key``), "prefill" (any other press: a prefill of its own).
-    ``compute(module, kwargs, output)`` gives one layer's stored tensor inside a prefill hook."""
-
-    kind: str
-    key: tuple | None = None
-    compute: Callable | None = None
-
-
-def _standard_scorer(press) -> bool:
-    """A kvpress ScorerPress whose compression is kvpress's top-k of its ``score``."""
-    return (isinstance(press, ScorerPress) and type(press).compress is ScorerPress.compress
-            and type(press).forward_hook is BasePress.forward_hook)
-
-
-def _score_of(scorer: ScorerPress) -> Callable:
-    def compute(module, kwargs, output):
-        layer = kwargs["past_key_values"].layers[module.layer_idx]
-        return scorer.score(module, kwargs["hidden_states"], layer.keys, layer.values, output[1], kwargs)
-    return compute
-
-
-def _tail_of(press: KVzipSampledPress) -> Callable:
-    """One layer's tail proposal, as ``KVzipSampledPress``'s own prefill hook computes it."""
-    def compute(module, kwargs, output):
-        layer = kwargs["past_key_values"].layers[module.layer_idx]
-        return press.tail(module, kwargs["hidden_states"], layer.keys, layer.values, kwargs)
-    return compute
-
-
-def _scores_key(scorer: ScorerPress) -> tuple:
-    """The key of a scorer's stored scores: its fields without its ratio, which its scores do not
-    read (``scores_read_ratio``), so every ratio of one scorer shares them; with it otherwise."""
-    if scores_read_ratio(scorer):
-        return ("scores", repr(scorer))
-    fields = ", ".join(f"{f.name}={getattr(scorer, f.name)!r}" for f in dataclasses.fields(scorer)
-                       if f.repr and f.name != "compression_ratio")
-    return ("scores", f"{type(scorer).__qualname__}({fields})")
-
-
 def plan(model, press: BasePress | None, n: int) -> Plan:
     """The ``Plan`` of ``press`` for a context of ``n`` tokens (``post_init_from_model`` is run first,
-    as entering the press would). The stored tensors' key leaves out what they do not depend on: a
-    SamplingPress's ratio and seed (its ``proposal_at_ratio`` is the key), a scorer's ratio."""
+    as entering the press would): the one it declares (``prefill_plan``), else ``kvpress_plan``'s."""
     if press is None:
         return Plan("full")
     press.post_init_from_model(model)
-    if isinstance(press, SamplingPress):
-        if press.compression_ratio == 0:
-            return Plan("full")
-        return Plan("sampling", ("proposal", repr(press.proposal_at_ratio)),
-                    lambda module, kwargs, output: press.propose(module, kwargs))
-    if isinstance(press, GatePress):
+    declared = getattr(press, "prefill_plan", None)
+    return declared(model, n) if declared is not None else kvpress_plan(model, press, n)
+
+
+def kvpress_plan(model, press: BasePress, n: int) -> Plan:
+    """The plan of a press that declares none (kvpress's own), read from kvpress's interface: H2O's as our
+    eager H2O's (no path builds n x n weights that do not fit), a scorer's top-k of its stored scores, AdaKV's
+    allocation of its scorer's, a gate press's compression of its gate's scores; any other, a prefill of its own."""
+    if isinstance(press, ObservedAttentionPress) and standard_scorer(press):
+        return EagerObservedAttentionPress().prefill_plan(model, n)
+    if standard_scorer(press):
+        return scores_plan(press)
+    if type(press) is AdaKVPress:
+        return adakv_plan(press)
+    if isinstance(press, GatePress):  # until GatePress declares its prefill_plan (its module is being split)
         if press.compression_ratio == 0:
             return Plan("full")
         return Plan("gate", ("gate", press.gate_key), lambda module, kwargs, output: press.gate_scores(
             module.layer_idx, kwargs["hidden_states"]))
-    if isinstance(press, KVzipSampledPress) and press.compression_ratio > 0:
-        if press.tail is None:
-            return Plan("kvzip")
-        return Plan("kvzip", ("tail", repr(press.tail)), _tail_of(press))
-    if isinstance(press, ObservedAttentionPress) and _standard_scorer(press):
-        ours = press if isinstance(press, EagerObservedAttentionPress) else EagerObservedAttentionPress()
-        if not ours.eager_fits(model, n):  # kvpress's own press too: no n x n weights
-            return Plan("scores", _scores_key(ours), _score_of(ours))  # computed in chunks on sdpa
-        return Plan("eager", ("eager",))
-    if _standard_scorer(press):
-        return Plan("scores", _scores_key(press), _score_of(press))
-    if type(press) in (AdaKVPress, RaggedAdaKVPress) and _standard_scorer(press.press) and not isinstance(press.press, ObservedAttentionPress):
-        return Plan("adakv", _scores_key(press.press), _score_of(press.press))
     return Plan("prefill")
 
 
@@ -252,7 +199,7 @@ class Prefill:
             self.model.set_attn_implementation("eager")
             try:
                 cache = hooked_prefill(self.model, self.layers, self.context_ids, lambda module, kwargs, output: (
-                    scores.__setitem__(module.layer_idx, _score_of(scorer)(module, kwargs, output))),
+                    scores.__setitem__(module.layer_idx, scores_plan(scorer).compute(module, kwargs, output))),
                     max_eager_bytes=float("inf"))  # ``plan`` chose it: the press's max_eager_bytes allows it
             finally:
                 self.model.set_attn_implementation(previous)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from kvpress import ObservedAttentionPress
 
+from kvpress_prob.presses.prefill_plan import PrefillPlan, scores_plan
 from kvpress_prob.presses.sampling import language_model
 from kvpress_prob.proposals.attention import attention_mass, chunk_rows, rope_queries
 
@@ -57,6 +58,11 @@ class EagerObservedAttentionPress(ObservedAttentionPress):
 
     def eager_fits(self, model, n: int) -> bool:
         return self.eager_bytes(model, n) <= self.max_eager_bytes
+
+    def prefill_plan(self, model, n: int) -> PrefillPlan:
+        """After a shared full-cache prefill: the scores and keys of one eager prefill when its weights fit
+        (``eager_fits``), else kvpress's top-k of these scores computed in chunks in the shared prefill's hooks."""
+        return PrefillPlan("eager", ("eager",)) if self.eager_fits(model, n) else scores_plan(self)
 
     @contextmanager
     def __call__(self, model):

@@ -32,6 +32,7 @@ from kvpress_prob.proposals.pairs import UniformProposal
 from kvpress_prob.proposals.base import Proposal
 from kvpress_prob.presses.allocations import widest_fit
 from kvpress_prob.presses.kvzip_scoring import BoundedKVzipPress
+from kvpress_prob.presses.prefill_plan import PrefillPlan
 from kvpress_prob.presses.sampling import SamplingPress, language_model
 from kvpress_prob.samplers import Sampler, TopKSampler
 from kvpress_prob.samplers.base import ratio_keeping
@@ -141,12 +142,27 @@ class KVzipSampledPress(BoundedKVzipPress):
             self._tails = {}
 
     @torch.no_grad()
-    def _tail_hook(self, module, args, kwargs, output):
-        if module.layer_idx in self._tails:  # a reconstruction pass: the prefill's proposal is kept
-            return output
+    def tail_proposal(self, module, kwargs: dict) -> torch.Tensor:
+        """One layer's ``tail`` proposal (b, H, n) from the keyword arguments of its attention module's prefill
+        forward (``hidden_states``, ``past_key_values`` holding the layer's full keys and values, ...)."""
         layer = kwargs["past_key_values"].layers[module.layer_idx]
-        self._tails[module.layer_idx] = self.tail(module, kwargs["hidden_states"], layer.keys, layer.values, kwargs)
+        return self.tail(module, kwargs["hidden_states"], layer.keys, layer.values, kwargs)
+
+    def _tail_hook(self, module, args, kwargs, output):
+        if module.layer_idx not in self._tails:  # else a reconstruction pass: the prefill's proposal is kept
+            self._tails[module.layer_idx] = self.tail_proposal(module, kwargs)
         return output
+
+    def prefill_plan(self, model, n: int) -> PrefillPlan:
+        """After a shared full-cache prefill: ``compress`` on that prefill's cache, as its own prefill would have
+        left it, with its ``tail`` proposals (if any) computed in the shared prefill's hooks, keyed by the tail
+        (shared by every ratio and seed); at ratio 0, a prefill of its own."""
+        if self.compression_ratio == 0:
+            return PrefillPlan("prefill")
+        if self.tail is None:
+            return PrefillPlan("kvzip")
+        return PrefillPlan("kvzip", ("tail", repr(self.tail)),
+                           lambda module, kwargs, output: self.tail_proposal(module, kwargs))
 
     def pinned_scores(self) -> torch.Tensor:
         """KVzip's scores (L, b, H, n) in float32, the sinks above every other entry (never evicted)."""

@@ -30,6 +30,7 @@ from kvpress_prob.cache import RaggedLayer, evict_ragged
 from kvpress_prob.presses.gate import GatePress
 from kvpress_prob.presses.kvzip import KVzipSampledPress
 from kvpress_prob.presses.per_head import adakv_keep, global_counts, global_top, kvpress_count_ratio
+from kvpress_prob.presses.prefill_plan import PrefillPlan, adakv_plan
 from kvpress_prob.presses.sampling import SamplingPress, language_model
 from kvpress_prob.samplers.cross import CrossStratifiedSampler, CrossTopSampler
 
@@ -162,6 +163,10 @@ class RaggedAdaKVPress(AdaKVPress):
     alpha_safeguard : float, default 0.20
         Share of kvpress's count each head keeps at least, in [0, 1].
     """
+
+    def prefill_plan(self, model, n: int) -> PrefillPlan:
+        """After a shared full-cache prefill: as kvpress's ``AdaKVPress`` (``adakv_plan``), evicting its set."""
+        return adakv_plan(self)
 
     def forward_hook(self, module: nn.Module, input: list, kwargs: dict, output: list):
         """At prefill, score this layer, keep AdaKV's set, and replace the layer by a ``RaggedLayer``."""

@@ -13,6 +13,7 @@ from transformers import Cache, Gemma3ForConditionalGeneration, PreTrainedModel,
 from kvpress_prob.correction import attention
 from kvpress_prob.correction import bias as correction
 from kvpress_prob.presses import prefill_modes
+from kvpress_prob.presses.prefill_plan import PrefillPlan
 from kvpress_prob.correction import wrappers
 from kvpress_prob.samplers.budget import SCOPES
 from kvpress_prob.proposals.attention import AttentionProposal, MinVarianceProposal
@@ -148,6 +149,14 @@ class SamplingPress(BasePress):
         if self._at_ratio is None or self._at_ratio[0] is not self.proposal or self._at_ratio[1] != self.compression_ratio:
             self._at_ratio = (self.proposal, self.compression_ratio, self.proposal.at_ratio(self.compression_ratio))
         return self._at_ratio[2]
+
+    def prefill_plan(self, model: PreTrainedModel, n: int) -> PrefillPlan:
+        """After a shared full-cache prefill: ``evict`` on the proposals ``propose`` computed in its hooks, keyed
+        by ``proposal_at_ratio`` (shared by every seed, and by every ratio it does not read); nothing at ratio 0."""
+        if self.compression_ratio == 0:
+            return PrefillPlan("full")
+        return PrefillPlan("sampling", ("proposal", repr(self.proposal_at_ratio)),
+                           lambda module, kwargs, output: self.propose(module, kwargs))
 
     @torch.no_grad()
     def propose(self, module: nn.Module, kwargs: dict) -> torch.Tensor:
