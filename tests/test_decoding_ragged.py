@@ -12,12 +12,12 @@ import torch
 from kvpress import KnormPress, KVPressTextGenerationPipeline
 from transformers import DynamicCache
 
-from experiments.zip_gap import dense_reference, float64_copy
 from kvpress_prob.cache.folded import FoldedLayer
 from kvpress_prob.decoding.heads import HeadBudgetDecodingPress, head_counts
 from kvpress_prob.names.decoding import get_decoding_press
 from kvpress_prob.presses.sampling import language_model
 from kvpress_prob.samplers import TopKSampler
+from kvpress_prob.testing.reference import dense_reference, float64_copy
 from tests.conftest import TIE, random_ids, tiny_model
 
 N0, STEPS = 40, 8  # prompt length; decoding steps per round

@@ -7,13 +7,13 @@ import torch
 
 from evaluation.engine import Compressed, cache_summary, generate_batch, press_prefill, teacher_forced
 from evaluation.tasks.prose.measure import masks_as_bias
-from experiments.zip_gap import dense_reference, float64_copy, masked_keep
 from kvpress_prob.correction import bias as correction
 from kvpress_prob.presses import kvzip_scoring
 from kvpress_prob.presses.allocations import allocation_keep, kvzip_keep, top_counts, widest_fit
 from kvpress_prob.presses.kvzip_alloc import KVzipAllocatedPress
 from kvpress_prob.presses.sampling import language_model
 from kvpress_prob.names.registry import get_press
+from kvpress_prob.testing.reference import dense_reference, float64_copy, masked_keep
 from tests.conftest import random_ids, tiny_model
 
 

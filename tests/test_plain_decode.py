@@ -10,12 +10,12 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from evaluation.engine import press_prefill
-from experiments.zip_gap import dense_reference, float64_copy
 from kvpress_prob.correction import attention, bias as correction, flex
 from kvpress_prob.names.registry import get_press
 from kvpress_prob.presses import kvzip_scoring
 from kvpress_prob.presses.allocations import allocation_keep, evict_keep
 from kvpress_prob.presses.sampling import language_model
+from kvpress_prob.testing.reference import dense_reference, float64_copy
 from tests.conftest import random_ids, tiny_model
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

@@ -11,9 +11,9 @@ from kvpress import KVPressTextGenerationPipeline, KVzipPress
 from kvpress.presses.base_press import BasePress
 from transformers import DynamicCache
 
-from experiments.zip_gap import dense_reference, float64_copy, masked_keep
 from kvpress_prob.cache import RaggedLayer, evict_ragged
 from kvpress_prob.presses.sampling import language_model
+from kvpress_prob.testing.reference import dense_reference, float64_copy, masked_keep
 from tests.conftest import TIE, greedy_margins, random_ids, tiny_model
 
 N = 48

@@ -9,7 +9,6 @@ from kvpress import AdaKVPress, SnapKVPress
 from kvpress.utils import compute_n_kept
 
 from evaluation.engine import Prefill, press_prefill, teacher_forced
-from experiments.zip_gap import dense_reference, float64_copy, masked_keep
 from kvpress_prob.cache import RaggedLayer
 from kvpress_prob.names.grid import parse_name
 from kvpress_prob.names.registry import get_press
@@ -17,6 +16,7 @@ from kvpress_prob.presses import kvzip_scoring
 from kvpress_prob.presses.per_head import kvpress_count_ratio
 from kvpress_prob.presses.ragged_presses import KVzipRaggedPress, RaggedAdaKVPress, RaggedSamplingPress, held_bytes
 from kvpress_prob.presses.sampling import language_model
+from kvpress_prob.testing.reference import dense_reference, float64_copy, masked_keep
 from tests.conftest import random_ids, tiny_model
 
 N = 96  # context length: above SnapKV's window of 64
