@@ -4,6 +4,7 @@ nothing it or a press sets outlives them on the model."""
 import copy
 import math
 
+import pytest
 import torch
 from conftest import random_ids, tiny_model
 from kvpress import ComposedPress, KnormPress, SnapKVPress, StreamingLLMPress
@@ -13,6 +14,7 @@ from evaluation.engine import Compressed, Prefill, generate_batch, plan, press_p
 from kvpress_prob import SamplingPress, get_press
 from kvpress_prob.correction import attention
 from kvpress_prob.correction import bias as correction
+from kvpress_prob.presses.prefill_plan import PrefillPlan
 from kvpress_prob.presses.sampling import language_model
 from kvpress_prob.proposals.base import ScoreProposal
 
@@ -81,6 +83,32 @@ def press_name(press):
 
 def make(name, ratio):
     return get_press(name, ratio, seed=1) if name.startswith("prob") else get_press(name, ratio)
+
+
+class OwnPrefillSnapKV(SnapKVPress):
+    """A kvpress scorer that declares it needs a prefill of its own."""
+
+    def prefill_plan(self, model, n):
+        return PrefillPlan("prefill")
+
+
+def test_the_plan_is_the_one_a_press_declares_else_kvpress_s_interface():
+    """A press's ``prefill_plan`` decides, before anything the engine reads from kvpress's classes: the same
+    scorer replays its stored scores without it and runs a prefill of its own with it, and both compress as a
+    prefill under the press would."""
+    model, ids = tiny_model("llama"), random_ids(80, seed=3)
+    declared, plain = OwnPrefillSnapKV(compression_ratio=0.5), SnapKVPress(compression_ratio=0.5)
+    assert plan(model, plain, 80).kind == "scores" and plan(model, declared, 80).kind == "prefill"
+    assert plan(model, get_press("prob_snapkv", 0.5), 80).kind == "sampling"
+    assert plan(model, get_press("prob_snapkv", 0.0), 80).kind == "full"
+    shared = Prefill(model, ids, [plain, declared])
+    assert list(shared.stored) == [plan(model, plain, 80).key] and shared.prefills == 1
+    reference = press_prefill(model, ids, SnapKVPress(compression_ratio=0.5))
+    for press in (plain, declared):
+        ours = shared.compress(press)
+        assert all(torch.equal(a.keys, b.keys) for a, b in zip(ours.layers, reference.layers)), press
+    with pytest.raises(ValueError, match="kind must be one of"):
+        PrefillPlan("replay")
 
 
 def test_a_scorer_that_reads_the_ratio_keeps_one_table_per_ratio():
