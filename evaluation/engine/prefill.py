@@ -89,7 +89,7 @@ def kvpress_plan(model, press: BasePress, n: int) -> Plan:
         return scores_plan(press)
     if type(press) is AdaKVPress:
         return adakv_plan(press)
-    if isinstance(press, GatePress):  # until GatePress declares its prefill_plan (its module is being split)
+    if isinstance(press, GatePress):  # ours, but it carries no prefill_plan: its plan is read here
         if press.compression_ratio == 0:
             return Plan("full")
         return Plan("gate", ("gate", press.gate_key), lambda module, kwargs, output: press.gate_scores(
