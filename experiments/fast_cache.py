@@ -3,11 +3,11 @@ on the 8 RULER development examples of the regime runs (SmolLM2-135M, 1024-token
 gate), r = 0.5 / 0.75 / 0.9.
 
 Each press compresses the context as the pipeline does (``press_prefill``). Each entry a head holds is matched to its
-position by the nearest key of the full cache's same head (the same forward: the distance is 0 up to rounding, and
-its largest value is recorded). Per press and ratio: the needle (each answer's tokens in the context) kept whole in
-what fraction of (layer, KV head) pairs, in how many layers by at least one head, the fraction of needle tokens kept,
-the spread of kept counts over heads, and the share of kept entries among the last 10 % of the context. Resumable:
-one JSON line per (example, press, ratio).
+position by the nearest key of the full cache's same head (``kvpress_prob.cache.kept_positions``; the same forward:
+the distance is 0 up to rounding, and its largest value is recorded). Per press and ratio (``needle_summary``): the
+needle (each answer's tokens in the context) kept whole in what fraction of (layer, KV head) pairs, in how many layers
+by at least one head, the fraction of needle tokens kept, the spread of kept counts over heads, and the share of kept
+entries among the last 10 % of the context. Resumable: one JSON line per (example, press, ratio).
   PYTHONPATH=$PWD OMP_NUM_THREADS=1 .venv/bin/python -m experiments.fast_cache measure
   PYTHONPATH=$PWD .venv/bin/python -m experiments.fast_cache table > results/archive/dev/fast-cache/table.md"""
 
@@ -23,19 +23,16 @@ PRESSES = ["topk_gate_layers_recent25", "topk_gate_widest", "topk_gate_ragged", 
 RATIOS = [0.5, 0.75, 0.9]
 
 
-def kept_positions(full_keys: torch.Tensor, held_keys: torch.Tensor) -> tuple[torch.Tensor, float]:
-    """Positions (c,) in the full head's keys (n, d) of the held keys (c, d), and the largest matching distance."""
-    distance = torch.cdist(held_keys.double(), full_keys.double())  # (c, n)
-    nearest = distance.min(dim=-1)
-    return nearest.indices, float(nearest.values.max()) if len(nearest.values) else 0.0
+def needle_summary(keep: torch.Tensor, spans: list[list[int]]) -> dict:
+    """keep (L, H, n) bool; spans: the needles' positions (each non-empty). The needle kept whole in what fraction of
+    (layer, head) pairs (``evaluation.metrics.survival``'s survival), in how many layers by at least one head, the
+    fraction of needle tokens kept, the spread of kept counts over heads, the share of kept entries in the last 10 %."""
+    from evaluation.metrics.survival import survival
 
-
-def survival(keep: torch.Tensor, spans: list[list[int]]) -> dict:
-    """keep (L, H, n) bool; spans: the needles' positions. Averages over the needles."""
     L, H, n = keep.shape
     whole = [keep[..., span].all(-1) for span in spans]  # each (L, H)
     counts = keep.sum(-1).double()  # (L, H)
-    return {"heads_whole": sum(float(w.double().mean()) for w in whole) / len(spans),
+    return {"heads_whole": survival(keep, spans)["survival"],
             "layers_any_head": sum(float(w.any(-1).double().sum()) for w in whole) / len(spans),
             "needle_tokens_kept": sum(float(keep[..., span].double().mean()) for span in spans) / len(spans),
             "count_min": int(counts.min()), "count_max": int(counts.max()),
@@ -49,7 +46,7 @@ def main():
     from evaluation.bench import common
     from evaluation.engine import press_prefill
     from experiments.zip_gap import find, ruler_dev
-    from kvpress_prob.cache import head_entries
+    from kvpress_prob.cache import kept_positions
     from kvpress_prob.names.registry import get_press
 
     torch.set_num_threads(1)
@@ -71,16 +68,11 @@ def main():
             full = [layer.keys[0].clone() for layer in press_prefill(model, ids, None).layers]  # L x (H, n, d)
             for name, ratio in todo:
                 cache = press_prefill(model, ids, get_press(name, ratio))
-                keep = torch.zeros(len(full), full[0].shape[0], ids.shape[1], dtype=torch.bool)
-                worst = 0.0
-                for layer_idx, layer in enumerate(cache.layers):
-                    for head, (keys, _) in enumerate(head_entries(layer)):
-                        positions, distance = kept_positions(full[layer_idx][head], keys)
-                        keep[layer_idx, head, positions] = True
-                        worst = max(worst, distance)
+                matched = [kept_positions(layer, keys) for layer, keys in zip(cache.layers, full)]
+                keep = torch.stack([positions for positions, _ in matched])  # (L, H, n)
                 record = {"example_id": row["id"], "task": row["task"], "press": name, "compression_ratio": ratio,
-                          "n_context": ids.shape[1], "needles": len(spans), "match_distance_max": worst,
-                          **survival(keep, spans)}
+                          "n_context": ids.shape[1], "needles": len(spans),
+                          "match_distance_max": max(distance for _, distance in matched), **needle_summary(keep, spans)}
                 with OUT.open("a") as f:
                     f.write(json.dumps(record) + "\n")
                 print(json.dumps(record), file=sys.stderr, flush=True)

@@ -2,7 +2,7 @@
 contexts of results/archive/dev/round3-toprest-ruler-1024 (8 examples, SmolLM2-135M, 1024-token contexts), r = 0.5 / 0.75 /
 0.9, seeds 0-2 for sampled presses, fp32 and bf16. Counts the storage of every tensor each layer holds (a view its
 whole storage): K and V, and the correction bias (a padded layer's, read through the correction; a RaggedLayer's
-own). One shared prefill per context (evaluation.engine.Prefill). Resumable: one JSON line per row; then the table of
+own): ``kvpress_prob.cache.cache_held_bytes``. One shared prefill per context (evaluation.engine.Prefill). Resumable: one JSON line per row; then the table of
 each press's bytes over snapkv's on the same example, ratio and dtype, averaged over examples and seeds. For a
 sampled press, `kv_x_expected` is the K+V of the draw's expected kept count (sum of its inclusion probabilities,
 the sampler's ``stats["expected_kept"]``) over snapkv's: what its held K+V averages over seeds, without their noise
@@ -21,31 +21,13 @@ import torch
 from evaluation.bench import common
 from evaluation.bench.bytes.contexts import contexts
 from evaluation.engine import Prefill
-from kvpress_prob.cache import RaggedLayer
-from kvpress_prob.correction import bias as correction
+from kvpress_prob.cache import cache_held_bytes
 from kvpress_prob.names.registry import get_press, is_sampling
 
 FOLDER = Path("results/archive/dev/round3-toprest-ruler-1024")
 OUT = Path("results/archive/bytes/ragged-presses/ruler-dev.jsonl")
 PRESSES = ["snapkv", "prob_min_h", "prob_min_h_ragged", "cross_kvzip_block1_a75_toprest_ragged", "adakv_snapkv_ragged"]
 RATIOS = [0.5, 0.75, 0.9]
-
-
-def storage(t):
-    return t.untyped_storage().nbytes()
-
-
-def held(cache, layers):
-    kv = bias = 0
-    for layer, module in zip(cache.layers, layers):
-        if isinstance(layer, RaggedLayer):
-            kv += storage(layer.flat_keys) + storage(layer.flat_values)
-            bias += 0 if layer.bias is None else storage(layer.bias)
-        else:
-            kv += storage(layer.keys) + storage(layer.values)
-            b = correction.bias_of(module.self_attn, cache)
-            bias += 0 if b is None else storage(b)
-    return kv, bias
 
 
 def table():
@@ -73,9 +55,6 @@ def main():
     model, tokenizer = common.load(None)
     ids = sorted({json.loads(line)["example_id"] for line in (FOLDER / "results.jsonl").read_text().splitlines()})
     found = contexts(FOLDER, model, tokenizer, set(ids))
-    from kvpress_prob.presses.sampling import language_model
-
-    layers = language_model(model).layers
     for dtype in ("float32", "bfloat16"):
         model.to(getattr(torch, dtype))
         for example in ids:
@@ -88,7 +67,7 @@ def main():
             shared = Prefill(model, context, [b[3] for b in built])
             for p, r, s, press in built:
                 cache = shared.compress(press)
-                kv, bias = held(cache, layers)
+                kv, bias = cache_held_bytes(cache)
                 row = dict(example_id=example, dtype=dtype, press=p, compression_ratio=r, seed=s,
                            n_context=context.shape[1], kv_bytes=kv, bias_bytes=bias)
                 if "expected_kept" in press.stats:  # the draw's expectation: its kept count's, times one entry's bytes

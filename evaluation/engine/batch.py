@@ -7,7 +7,7 @@ a sampled one, the dtype's lowest value on padding (exp of it is exactly 0). The
 same up to float rounding, so a greedy near-tie can flip; kvpress's ``generate_answer`` is the
 one-at-a-time reference. Presses that mask instead of evicting (AdaKV) decode in the batch with
 the lowest bias on their masked entries; a ragged cache (``kvpress_prob.cache``) is padded to each layer's
-longest head the same way (``ragged_padded``), so its kept entries decode as its own route decodes them.
+longest head the same way (``cache.padded_view``), so its kept entries decode as its own route decodes them.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from evaluation.engine.prefill import drop_masks
-from kvpress_prob.cache import RaggedLayer
+from kvpress_prob.cache import padded_view
 from kvpress_prob.correction import bias as correction
 from kvpress_prob.presses.sampling import language_model
 
@@ -42,32 +42,14 @@ class Compressed:
         and its masks are removed from the modules."""
         keys_, values_, biases = [], [], []
         for layer, cache_layer in zip(layers, cache.layers):
-            if isinstance(cache_layer, RaggedLayer):  # padded to its longest head, the padding's bias the lowest
-                keys, values, bias = ragged_padded(cache_layer)
-                keys_.append(keys), values_.append(values), biases.append(bias)
-                continue
-            bias, masked = correction.bias_of(layer.self_attn, cache), getattr(layer.self_attn, "masked_key_indices", None)
+            keys, values, bias = padded_view(cache_layer)  # a ragged layer padded to its longest head
+            masked = getattr(layer.self_attn, "masked_key_indices", None)
             drop_masks(layer.self_attn)
             if masked is not None:
-                keys = cache_layer.keys  # (b, H_kv, n, d)
                 bias = torch.zeros(keys.shape[:3], dtype=keys.dtype, device=keys.device)
                 bias[masked[0], masked[1], masked[2]] = correction.padding(keys.dtype)
-            keys_.append(cache_layer.keys), values_.append(cache_layer.values), biases.append(bias)
+            keys_.append(keys), values_.append(values), biases.append(bias)
         return cls(keys_, values_, biases)
-
-
-def ragged_padded(layer: RaggedLayer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A ragged layer (no token appended yet) as batched decoding stacks it: keys, values (1, H_kv, S, d) padded
-    to its longest head, and the (1, H_kv, S) float32 bias: its stored log-weights (0 without) on kept entries,
-    ``correction.padding`` on padding. The same attention up to float rounding (exp of the padding is 0)."""
-    if layer.appended:
-        raise ValueError("a ragged layer is stacked for batched decoding right after compression, before any token")
-    keys, values, real = layer.padded()
-    bias = torch.where(real, 0.0, correction.padding(torch.float32)).to(torch.float32)
-    if layer.bias is not None:
-        for h in range(len(layer.lengths)):
-            bias[0, h, : layer.lengths[h]] = layer.head(h)[2].float()
-    return keys, values, bias
 
 
 class RoomyLayer(DynamicLayer):

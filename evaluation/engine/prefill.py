@@ -39,8 +39,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from kvpress_prob import SamplingPress
-from kvpress_prob.cache import RaggedLayer
-from kvpress_prob.correction import bias as correction
+from kvpress_prob.cache import cache_held_bytes, held_bytes, mean_kept
 from kvpress_prob.presses.gate import GatePress
 from kvpress_prob.presses.sampling import language_model
 from kvpress_prob.presses.h2o import EagerObservedAttentionPress
@@ -285,22 +284,14 @@ class Prefill:
         return press.compress(self.model, cache, self.context_ids, tails)
 
 
-def kv_bytes(layer) -> int:
-    """Bytes of the storage of the keys and values a cache layer holds: a view keeps its whole tensor alive, so
-    its storage counts, not its own elements; a ``RaggedLayer``'s flat buffers (its bias: ``bias_bytes``)."""
-    tensors = (layer.flat_keys, layer.flat_values) if isinstance(layer, RaggedLayer) else (layer.keys, layer.values)
-    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
-
-
 def cache_summary(cache: DynamicCache, press: BasePress | None, n: int) -> tuple[float, int]:
-    """(realised compression ratio, bytes of keys and values held: ``kv_bytes``)."""
-    held = sum(kv_bytes(layer) for layer in cache.layers)
+    """(realised compression ratio, bytes of keys and values held: each storage once, ``cache.held_bytes``)."""
+    held = cache_held_bytes(cache)[0]
     if isinstance(press, SamplingPress) and press.stats:  # no stats at ratio 0: nothing was evicted
         return press.stats["realised_ratio"], held
     if isinstance(press, AdaKVPress):  # masks entries, frees nothing
         return press.compression_ratio, held
-    stored = sum(sum(layer.lengths) / len(layer.lengths) if isinstance(layer, RaggedLayer) else layer.keys.shape[2]
-                 for layer in cache.layers)
+    stored = sum(mean_kept(layer) for layer in cache.layers)
     return 1.0 - stored / (n * len(cache.layers)), held
 
 
@@ -310,17 +301,9 @@ def press_record(press: BasePress | None) -> dict:
 
 
 def bias_bytes(cache, layers) -> int:
-    """Bytes of the correction bias a press left on ``cache`` (0 where it stored none): one value per stored
-    entry and KV head, held beside the keys and values."""
-    total = 0
-    for layer in layers:
-        bias = correction.bias_of(layer.self_attn, cache)
-        cache_layer = cache.layers[layer.self_attn.layer_idx]
-        if isinstance(cache_layer, RaggedLayer):  # its own bias, per kept entry (None: weight 1)
-            bias = cache_layer.bias
-        if bias is not None:
-            total += bias.numel() * bias.element_size()
-    return total
+    """Bytes of the bias a press left on the layers of ``cache`` that the model's ``layers`` read (0 where it
+    stored none: ``cache.held_bytes``): the correction bias of a dense layer, a ragged layer's own."""
+    return sum(held_bytes(cache.layers[layer.self_attn.layer_idx])[1] for layer in layers)
 
 
 def drop_masks(module) -> None:

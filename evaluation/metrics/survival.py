@@ -4,21 +4,16 @@ from __future__ import annotations
 
 import torch
 
-from evaluation.engine import Prefill
 from kvpress_prob import SamplingPress
-
-
-def _row_hash(x: torch.Tensor) -> torch.Tensor:
-    """An exact integer fingerprint of each row of x (..., d): equal rows, equal hashes (int64 sums
-    wrap deterministically whatever the order)."""
-    bits = x.contiguous().view(torch.int16).long()  # (..., 2d or d)
-    coeff = torch.arange(1, bits.shape[-1] + 1, dtype=torch.int64, device=x.device) * 2654435761 + 97
-    return (bits * coeff).sum(-1)
+from kvpress_prob.cache import kept_positions as held_positions
 
 
 @torch.no_grad()
-def kept_positions(prefill: Prefill, cache, press) -> torch.Tensor:
-    """(L, H_kv, n) bool: which prefix positions each head of each layer still holds."""
+def kept_positions(prefill, cache, press) -> torch.Tensor:
+    """(L, H_kv, n) bool: which prefix positions each head of each layer still holds. ``prefill``: the shared
+    prefill the cache was compressed from (``evaluation.engine.Prefill``: its ``layers`` and ``source_keys``);
+    a sampled press's own draw where it has one, kvpress AdaKV's masks, else each layer's held keys matched to
+    the full keys (``kvpress_prob.cache.kept_positions``)."""
     if isinstance(press, SamplingPress) and press.compression_ratio > 0:
         return press.last_draw.keep[:, 0].cpu()
     masks, source = [], prefill.source_keys(press)
@@ -30,9 +25,7 @@ def kept_positions(prefill: Prefill, cache, press) -> torch.Tensor:
             keep = torch.ones(h, n, dtype=torch.bool, device=full.device)
             keep[masked[1], masked[2]] = False
         else:
-            held = cache.layers[layer_idx].keys[0]  # (H, k, d)
-            full_hash, held_hash = _row_hash(full), _row_hash(held)
-            keep = (full_hash[:, :, None] == held_hash[:, None, :]).any(-1)  # (H, n)
+            keep = held_positions(cache.layers[layer_idx], full)[0]  # (H, n)
         masks.append(keep.cpu())
     return torch.stack(masks)
 

@@ -1,7 +1,11 @@
-"""The ragged cache: each KV head of a layer holds its own kept entries, read by its own attention route."""
+"""The ragged cache: each KV head of a layer holds its own kept entries, read by its own attention route; and the
+one reader of what any cache layer holds (``held``)."""
 
 from kvpress_prob.cache.folded import FoldedLayer
-from kvpress_prob.cache.held import head_entries, held_counts
-from kvpress_prob.cache.ragged import RaggedLayer, evict_ragged
+from kvpress_prob.cache.held import (cache_held_bytes, head_entries, held_bytes, held_counts, kept_positions, layer_bias,
+                                     mean_kept, padded_view, prompt_entries, widest_held)
+from kvpress_prob.cache.ragged import RaggedLayer, check_evictable, evict_layers, evict_ragged, storage_bytes
 
-__all__ = ["FoldedLayer", "RaggedLayer", "evict_ragged", "head_entries", "held_counts"]
+__all__ = ["FoldedLayer", "RaggedLayer", "cache_held_bytes", "check_evictable", "evict_layers", "evict_ragged",
+           "head_entries", "held_bytes", "held_counts", "kept_positions", "layer_bias", "mean_kept", "padded_view",
+           "prompt_entries", "storage_bytes", "widest_held"]

@@ -1,7 +1,7 @@
-"""A ragged layer rebuilt while decoding: ``FoldedLayer``, and ``entries``, the padded view a round reads.
+"""A ragged layer rebuilt while decoding: ``FoldedLayer``, and ``fold``, which builds it.
 
-A decoding round reads every entry a layer holds, dense or ragged (``entries``: each head's kept entries, then
-the tokens appended since, as one padded (1, H, S + t, d) copy, never held), chooses each head's kept set, and
+A decoding round reads every entry a layer holds, dense or ragged (``held.padded_view``: each head's kept entries,
+then the tokens appended since, as one padded (1, H, S + t, d) copy, never held), chooses each head's kept set, and
 stores exactly those entries in a ``FoldedLayer``: the appended tokens are folded into the heads' regions, where
 the next round may evict them like any other entry. Within a head the kept entries stay in positional order.
 
@@ -67,19 +67,6 @@ class FoldedLayer(RaggedLayer):
                 f"prompt={self.prompt_length}, bias={self.bias is not None})")
 
 
-def entries(layer: RaggedLayer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Every entry of a ragged ``layer`` as one padded copy (read once per round, never held): keys, values
-    (1, H, S + t, d) (each head's c_h kept entries, zeros up to S = max c_h, then the t appended tokens), real
-    (1, H, S + t) bool, and bias (1, H, S + t) float32 (the layer's bias on its kept entries, 0 on appended
-    tokens and where it stores none, float32's lowest on padding: exp of it is 0 in any softmax)."""
-    keys, values, real = layer.padded()
-    bias = torch.zeros(real.shape, dtype=torch.float32, device=real.device)
-    if layer.bias is not None:
-        for h in range(len(layer.lengths)):
-            bias[0, h, : layer.lengths[h]] = layer.head(h)[2].float()
-    return keys, values, real, bias.masked_fill(~real, torch.finfo(torch.float32).min)
-
-
 def fold(cache, layer_idx: int, keys: torch.Tensor, values: torch.Tensor, keep: torch.Tensor,
          bias: torch.Tensor | None, context_length: int, prompt_length: int, prompt: torch.Tensor) -> FoldedLayer:
     """Replace ``cache.layers[layer_idx]`` by a ``FoldedLayer`` holding exactly the entries of keys, values
@@ -102,4 +89,4 @@ def fold(cache, layer_idx: int, keys: torch.Tensor, values: torch.Tensor, keep: 
     return layer
 
 
-__all__ = ["FoldedLayer", "entries", "fold"]
+__all__ = ["FoldedLayer", "fold"]

@@ -35,6 +35,7 @@ and batch reshaping are refused with an error naming the operation.
 from __future__ import annotations
 
 import torch
+from transformers import QuantizedCache
 from transformers.cache_utils import CacheLayerMixin
 
 from kvpress_prob.cache import attention
@@ -179,10 +180,9 @@ class RaggedLayer(CacheLayerMixin):
         return keys, values, real
 
     def nbytes(self) -> int:
-        """Bytes of the storage of every tensor this layer holds (a view counts its whole storage); the
+        """Bytes of the storage of every tensor this layer holds, K, V and bias (``storage_bytes``); the
         3 H Python ints placing the regions are not tensors and not counted."""
-        held = [t for t in (self.flat_keys, self.flat_values, self.bias) if t is not None]
-        return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in held}.values())
+        return storage_bytes(self.flat_keys, self.flat_values, self.bias)
 
     # ---- transformers' cache-layer interface
 
@@ -298,11 +298,36 @@ class RaggedLayer(CacheLayerMixin):
                 f"bias={self.bias is not None})")
 
 
-def evict_ragged(cache, layer_idx: int, keep: torch.Tensor, bias: torch.Tensor | None = None) -> RaggedLayer:
+def storage_bytes(*tensors: torch.Tensor | None) -> int:
+    """Bytes of the storage behind ``tensors`` (None skipped), each storage counted once: a view keeps its
+    whole storage alive, so the storage counts, not the view's own elements. The one byte counter of the
+    package (``kvpress_prob.cache.held.held_bytes`` reads every layer through it)."""
+    held = {}
+    for t in tensors:
+        if t is not None:
+            storage = t.untyped_storage()
+            held[(t.device, storage.data_ptr())] = storage.nbytes()
+    return sum(held.values())
+
+
+def check_evictable(cache, batch_size: int, who: str) -> None:
+    """Refuse what a ragged cache cannot hold, naming ``who`` evicts into it: a ``QuantizedCache`` (its layers
+    hold quantized K and V), and a batch of more than one sequence (each head of each sequence would keep its
+    own count)."""
+    if isinstance(cache, QuantizedCache):
+        raise ValueError(f"{who} evicts into a ragged cache: a QuantizedCache is not supported, use a DynamicCache")
+    if batch_size != 1:
+        raise ValueError(f"{who} evicts into a ragged cache, which holds one sequence (its heads keep different "
+                         f"counts): batch size must be 1, got {batch_size}")
+
+
+def evict_ragged(cache, layer_idx: int, keep: torch.Tensor, bias: torch.Tensor | None = None,
+                 device: torch.device | str | None = None) -> RaggedLayer:
     """Replace ``cache.layers[layer_idx]`` (dense K, V (1, H, n, d)) by a ``RaggedLayer`` holding exactly the
     entries where ``keep`` (1, H, n) bool is True, in prefix order, and their ``bias`` (1, H, n) (a corrected
-    press's log-weights, read at the kept entries; None or all zero: weight 1, nothing stored). The cache no
-    longer references the dense tensors. Returns the new layer."""
+    press's log-weights, read at the kept entries; None or all zero: weight 1, nothing stored), its buffers on
+    ``device`` (default: the dense keys'). The cache no longer references the dense tensors. Refuses what
+    ``check_evictable`` refuses. Returns the new layer."""
     layers = getattr(cache, "layers", None)
     if layers is None or not 0 <= layer_idx < len(layers):
         raise ValueError(f"layer_idx must index the cache's {0 if layers is None else len(layers)} layers, "
@@ -311,6 +336,8 @@ def evict_ragged(cache, layer_idx: int, keep: torch.Tensor, bias: torch.Tensor |
     if isinstance(layer, RaggedLayer):
         raise ValueError(f"layer {layer_idx} is already a RaggedLayer: evict_ragged reads a dense layer")
     keys, values = layer.keys, layer.values
+    if isinstance(keys, torch.Tensor) and keys.dim() == 4:
+        check_evictable(cache, keys.shape[0], "evict_ragged")
     if not isinstance(keys, torch.Tensor) or keys.dim() != 4 or keys.shape[0] != 1:
         raise ValueError(f"layer {layer_idx} must hold dense keys (1, H, n, d) to evict, got "
                          f"{getattr(keys, 'shape', keys)}")
@@ -325,10 +352,25 @@ def evict_ragged(cache, layer_idx: int, keep: torch.Tensor, bias: torch.Tensor |
     if bias is not None:
         flat_bias = bias[0].to(keys.device)[k]
         flat_bias = flat_bias if bool((flat_bias != 0).any()) else None
+    if device is not None and torch.device(device) != keys.device:  # a prefill that waits in host memory
+        flat_keys, flat_values = flat_keys.to(device), flat_values.to(device)
+        flat_bias = None if flat_bias is None else flat_bias.to(device)
     ragged = RaggedLayer(flat_keys, flat_values, k.sum(-1).tolist(), keys.shape[2], flat_bias)
     layers[layer_idx] = ragged
     attention.install()  # the route that reads it, wrapped around every attention function
     return ragged
 
 
-__all__ = ["LogicalView", "RaggedContext", "RaggedKeys", "RaggedLayer", "evict_ragged"]  # the layout's two re-exported
+def evict_layers(cache, keep: torch.Tensor, bias: torch.Tensor | None = None,
+                 layers: list[int] | None = None) -> list[RaggedLayer]:
+    """``evict_ragged`` on every layer of ``layers`` (default: 0 .. L - 1), the i-th to ``keep[i]`` (L, 1, H, n)
+    bool with ``bias[i]`` (L, 1, H, n) or none: a press that chose every layer's kept set at once. Returns the
+    new layers, in that order."""
+    layers = list(range(keep.shape[0])) if layers is None else list(layers)
+    if keep.dim() != 4 or keep.shape[0] != len(layers):
+        raise ValueError(f"keep must be (L, 1, H, n) with one row per layer of {layers}, got {tuple(keep.shape)}")
+    return [evict_ragged(cache, idx, keep[i], None if bias is None else bias[i]) for i, idx in enumerate(layers)]
+
+
+__all__ = ["LogicalView", "RaggedContext", "RaggedKeys", "RaggedLayer", "check_evictable", "evict_layers",
+           "evict_ragged", "storage_bytes"]  # the layout's two re-exported

@@ -24,7 +24,7 @@ kept here, in a dictionary weakly keyed by the module, never as attributes on th
 
 The attention functions themselves are wrapped by ``kvpress_prob.correction.attention`` (on entry of a press,
 whenever a bias is given and before a forward that reads one; never at import). The state is read
-and written only through ``set_bias``, ``store``, ``bias_of`` and ``reset``.
+and written only through ``set_bias``, ``store``, ``bias_of``, ``held_by`` and ``reset``.
 
 A top-k eviction (weight 1 everywhere) that leaves a layer without padding stores no bias (``store``):
 that layer is K and V only, as kvpress's, and decodes through the model's own attention.
@@ -166,7 +166,12 @@ def bias_of(module: torch.nn.Module, cache=None) -> torch.Tensor | None:
         if state is not None and state.pending is not None:
             return state.pending
         cache = _current_cache(module)
-    return getattr(_layer(cache, module.layer_idx), _BIAS, None)
+    return held_by(_layer(cache, module.layer_idx))
+
+
+def held_by(layer) -> torch.Tensor | None:
+    """The bias (b, H_kv, S) a cache layer holds (``set_bias``), or None: plain attention."""
+    return getattr(layer, _BIAS, None)
 
 
 def reset(module: torch.nn.Module) -> None:

@@ -22,11 +22,9 @@ from dataclasses import dataclass
 import torch
 from kvpress.presses.base_press import is_prefilling
 from torch import nn
-from transformers import QuantizedCache
 
-from kvpress_prob.cache.folded import FoldedLayer, entries, fold
-from kvpress_prob.cache.ragged import RaggedLayer
-from kvpress_prob.correction import bias as correction
+from kvpress_prob.cache import check_evictable, held_bytes, held_counts, padded_view, prompt_entries
+from kvpress_prob.cache.folded import fold
 from kvpress_prob.decoding import rounds
 from kvpress_prob.decoding.press import SamplingDecodingPress, logger
 
@@ -95,11 +93,7 @@ class HeadBudgetDecodingPress(SamplingDecodingPress):
         hidden_states = kwargs["hidden_states"]
         if not is_prefilling(kwargs["cache_position"], hidden_states.shape[1]):
             cache = kwargs["past_key_values"]
-            if isinstance(cache, QuantizedCache):
-                raise ValueError("HeadBudgetDecodingPress evicts into a ragged cache: a QuantizedCache is not supported")
-            if hidden_states.shape[0] != 1:
-                raise ValueError(f"HeadBudgetDecodingPress holds one sequence per cache (its heads keep different "
-                                 f"counts): batch size must be 1, got {hidden_states.shape[0]}")
+            check_evictable(cache, hidden_states.shape[0], "HeadBudgetDecodingPress")
             self._state_of(cache).prompt.setdefault(module.layer_idx, int(kwargs["cache_position"][0]))
         return super().forward_hook(module, input, kwargs, output)
 
@@ -111,12 +105,9 @@ class HeadBudgetDecodingPress(SamplingDecodingPress):
         cache, i = kwargs["past_key_values"], module.layer_idx
         layer = cache.layers[i]
         length = int(kwargs["cache_position"][-1]) + 1  # positions so far (a dense layer's count may be fewer)
-        if isinstance(layer, RaggedLayer):
-            k_all, v_all, real, bias = entries(layer)  # (1, H, S + t, d) x 2, (1, H, S + t) x 2
-        else:
-            k_all, v_all = keys, values  # (1, H, n, d)
-            bias = rounds.extended_bias(correction.bias_of(module, cache), tuple(keys.shape[:3]), keys.device)
-            real = rounds.is_real(bias)
+        k_all, v_all, held_bias = padded_view(layer)  # (1, H, m, d) x 2: a ragged layer's padded copy, m = S + t
+        bias = rounds.extended_bias(held_bias, tuple(k_all.shape[:3]), k_all.device)  # (1, H, m), 0 after S
+        real = rounds.is_real(bias)
         H = k_all.shape[1]
         if int(real.sum()) <= H * self.target_size:
             if self.proposal == "h2o":  # the buffered steps still accumulate
@@ -126,14 +117,7 @@ class HeadBudgetDecodingPress(SamplingDecodingPress):
                                f"no round (counted in stats['skipped'])")
             self.stats["skipped"] = self.stats.get("skipped", 0) + 1
             return keys, values
-        if isinstance(layer, FoldedLayer):  # each head's first prompt_kept[h] entries precede the prompt's end
-            prompt_length = layer.prompt_length
-            slot = torch.arange(real.shape[-1], device=real.device)
-            prompt = slot < torch.tensor(layer.prompt_kept, device=real.device)[:, None]  # (H, S + t)
-        else:  # every token since the first decoding forward is still held, by every head: the last ones
-            prompt_length = self._prompt[i]
-            from_end = real.flip(-1).cumsum(-1).flip(-1)  # 1 on each head's last real entry
-            prompt = real & (from_end > length - prompt_length)
+        prompt_length, prompt = prompt_entries(layer, real, self._prompt.get(i), length)  # (1, H, m)
         fixed = rounds.fixed_entries(real, self.n_sink, self.window, v_all, self.protect_values)
         candidates = real & ~fixed
         weights = self.weights(module, hidden_states, k_all, v_all, bias, kwargs)  # (1, H, n)
@@ -154,8 +138,8 @@ class HeadBudgetDecodingPress(SamplingDecodingPress):
                       prompt.expand_as(keep))
         self._rounds[i] += 1
         self.stats["rounds"] = self.stats.get("rounds", 0) + 1
-        self.stats.setdefault("kept", {})[i] = folded.lengths
-        self.stats.setdefault("bytes_bias", {})[i] = 0 if folded.bias is None else folded.bias.nbytes
+        self.stats.setdefault("kept", {})[i] = held_counts(folded)
+        self.stats.setdefault("bytes_bias", {})[i] = held_bytes(folded)[1]
         return keys, values
 
     def weights(self, module, hidden_states, keys, values, bias, kwargs) -> torch.Tensor:

@@ -182,11 +182,16 @@ class KVzipSampledPress(BoundedKVzipPress):
 
     @torch.no_grad()
     def compress_post(self, model):
-        """Keep the scores for later ratios and seeds (``remember``), then evict through ``SamplingPress.evict``."""
+        """Keep the scores for later ratios and seeds (``remember``), then evict the cache to the pinned scores
+        (``evict_scores``): the one place every KVzip press of this package evicts from."""
         self.remember(model)
         if self.compression_ratio == 0:
             return
-        scores = self.pinned_scores()  # (L, b, H, n)
+        self.evict_scores(model, self.pinned_scores())
+
+    def evict_scores(self, model, scores: torch.Tensor) -> None:
+        """Evict ``self._cache`` to the pinned ``scores`` (L, b, H, n) through ``SamplingPress.evict``: the
+        ``budget``'s scope, or each layer's count under an allocation over layers."""
         pi = self.proposals(scores)
         modules = [layer.self_attn for layer in language_model(model).layers]
         if not self.allocated:
@@ -197,6 +202,5 @@ class KVzipSampledPress(BoundedKVzipPress):
         counts = widest_fit(scores, self.compression_ratio)[1].tolist() if self.widest else self.layer_counts(scores)
         for m, k in zip(modules, counts):
             self.evictor(ratio_keeping(k, n)).evict(self._cache, {m: pi[m.layer_idx].to(self._cache.layers[m.layer_idx].keys.device)})
-
 
 __all__ = ["KVzipSampledPress"]

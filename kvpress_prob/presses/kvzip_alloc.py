@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvpress_prob.cache import evict_ragged
+from kvpress_prob.cache import evict_layers, held_counts
 from kvpress_prob.presses.allocations import ALLOCATIONS, allocation_keep, evict_keep
 from kvpress_prob.presses.kvzip import KVzipSampledPress
 from kvpress_prob.presses.sampling import language_model
@@ -47,15 +47,11 @@ class KVzipAllocatedPress(KVzipSampledPress):
         """The ``KVzipSampledPress`` fields this press ignores (``get_press`` refuses overrides of them)."""
         return {"sampler", "budget", "seed", "correct", "floor", "layers", "tail", "layerwise"}
 
-    @torch.no_grad()
-    def compress_post(self, model):
-        """Store the scores for later ratios (``KVzipSampledPress.remember``), then evict the allocation's set."""
-        self.remember(model)
-        if self.compression_ratio == 0:
-            return
-        keep = allocation_keep(self.pinned_scores(), self.compression_ratio, self.allocation)  # scores (L, b, H, n)
+    def evict_scores(self, model, scores: torch.Tensor) -> None:
+        """Evict ``self._cache`` to the allocation's set of the pinned ``scores`` (L, b, H, n)."""
+        keep = allocation_keep(scores, self.compression_ratio, self.allocation)  # (L, b, H, n)
         if self.allocation == "global":
-            self.kept = [list(evict_ragged(self._cache, i, keep[i]).lengths) for i in range(keep.shape[0])]
+            self.kept = [list(held_counts(layer)) for layer in evict_layers(self._cache, keep)]
             return
         self.kept = evict_keep(self._cache, [layer.self_attn for layer in language_model(model).layers], keep)
 

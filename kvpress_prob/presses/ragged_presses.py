@@ -24,33 +24,15 @@ import torch
 from kvpress import AdaKVPress
 from kvpress.presses.base_press import is_prefilling
 from torch import nn
-from transformers import Cache, QuantizedCache
+from transformers import Cache
 
-from kvpress_prob.cache import RaggedLayer, evict_ragged
+from kvpress_prob.cache import check_evictable, evict_layers, evict_ragged, held_bytes, held_counts, widest_held
 from kvpress_prob.presses.gate import GatePress
 from kvpress_prob.presses.kvzip import KVzipSampledPress
 from kvpress_prob.presses.per_head import adakv_keep, global_counts, global_top, kvpress_count_ratio
 from kvpress_prob.presses.prefill_plan import PrefillPlan, adakv_plan
-from kvpress_prob.presses.sampling import SamplingPress, language_model
+from kvpress_prob.presses.sampling import SamplingPress
 from kvpress_prob.samplers.cross import CrossStratifiedSampler, CrossTopSampler
-
-
-def on_device(cache: Cache, layer_idx: int, device: torch.device) -> RaggedLayer:
-    """Layer ``layer_idx`` of ``cache`` (a ``RaggedLayer``) with its buffers on ``device`` (rebuilt there when the
-    eviction ran elsewhere: a prefill that waits in host memory evicts there)."""
-    layer = cache.layers[layer_idx]
-    if layer.device == torch.device(device):
-        return layer
-    bias = None if layer.bias is None else layer.bias.to(device)
-    cache.layers[layer_idx] = RaggedLayer(layer.flat_keys.to(device), layer.flat_values.to(device), layer.lengths,
-                                          layer.context_length, bias)
-    return cache.layers[layer_idx]
-
-
-def held_bytes(layer: RaggedLayer) -> tuple[int, int]:
-    """(bytes of the storage of the layer's K and V buffers, bytes of its bias's: 0 when it stores none)."""
-    kv = sum(t.untyped_storage().nbytes() for t in (layer.flat_keys, layer.flat_values))
-    return kv, 0 if layer.bias is None else layer.bias.untyped_storage().nbytes()
 
 
 @dataclass
@@ -83,9 +65,8 @@ class RaggedSamplingPress(SamplingPress):
         keys = cache.layers[module.layer_idx].keys  # (1, H_kv, n, d)
         dtype = keys.dtype if self.bias_dtype == "keys" else torch.float32
         bias = None if tau == float("inf") else torch.where(keep, log_weight / tau, 0.0).to(dtype)  # (1, H_kv, n)
-        evict_ragged(cache, module.layer_idx, keep, bias)
-        layer = on_device(cache, module.layer_idx, next(module.parameters()).device)
-        return max(layer.lengths), *held_bytes(layer)
+        layer = evict_ragged(cache, module.layer_idx, keep, bias, device=next(module.parameters()).device)
+        return widest_held(layer), *held_bytes(layer)
 
 
 @dataclass
@@ -126,23 +107,15 @@ class KVzipRaggedPress(KVzipSampledPress):
         fixed = set() if self.sampler.random else {"seed", "correct", "floor"}
         return {"layerwise", "budget", "layers", "widest"} | fixed
 
-    @torch.no_grad()
-    def compress_post(self, model):
-        """Keep the scores for later ratios and seeds (``remember``), then evict each head to its count."""
-        self.remember(model)
-        if self.compression_ratio == 0:
-            return
-        scores = self.pinned_scores()  # (L, 1, H, n)
+    def evict_scores(self, model, scores: torch.Tensor) -> None:
+        """Evict each head to its count of the global top of the pinned ``scores`` (L, 1, H, n)."""
         counts = global_counts(scores, self.compression_ratio)  # (L, 1, H)
         generator = torch.Generator(device=scores.device).manual_seed(self.seed)
         draw = self.sampler.keep_counts(self.proposals(scores), counts, generator)
-        corrected = self.sampler.random and self.correct
-        for module in (layer.self_attn for layer in language_model(model).layers):
-            i = module.layer_idx
-            keys = self._cache.layers[i].keys  # (1, H, n, d)
-            keep = draw.keep[i].to(keys.device)
-            bias = torch.where(keep, draw.log_weight[i].to(keys.device), 0.0).to(keys.dtype) if corrected else None
-            evict_ragged(self._cache, i, keep, bias)
+        bias = None
+        if self.sampler.random and self.correct:  # the log-weights, in the keys' dtype
+            bias = torch.where(draw.keep, draw.log_weight, 0.0).to(self._cache.layers[0].keys.dtype)
+        evict_layers(self._cache, draw.keep, bias)
         self.kept = counts[:, 0].tolist()
 
 
@@ -174,11 +147,7 @@ class RaggedAdaKVPress(AdaKVPress):
         if not is_prefilling(kwargs["cache_position"], hidden_states.shape[1]) or self.compression_ratio == 0:
             return output
         cache = kwargs["past_key_values"]
-        if isinstance(cache, QuantizedCache):
-            raise ValueError("RaggedAdaKVPress evicts into a ragged cache: a QuantizedCache is not supported")
-        if hidden_states.shape[0] != 1:
-            raise ValueError(f"RaggedAdaKVPress supports batch size 1 (heads keep different counts), got "
-                             f"{hidden_states.shape[0]}")
+        check_evictable(cache, hidden_states.shape[0], "RaggedAdaKVPress")
         layer = cache.layers[module.layer_idx]
         scores = self.press.score(module, hidden_states, layer.keys, layer.values, output[1], kwargs)  # (1, H, n)
         evict_ragged(cache, module.layer_idx, adakv_keep(scores, self.compression_ratio, self.alpha_safeguard))
@@ -202,10 +171,9 @@ class RaggedGatePress(GatePress):
 
     def evict(self, cache, scores: torch.Tensor) -> list[list[int]]:
         """Evict ``cache`` to the global top of the pinned ``scores`` (L, 1, H, n); the kept counts per head."""
-        keep = global_top(scores, self.compression_ratio)
-        for module in self._attention:
-            evict_ragged(cache, module.layer_idx, keep[module.layer_idx])
-        return keep[:, 0].sum(-1).tolist()
+        keep = global_top(scores, self.compression_ratio)  # (L, 1, H, n), a row per attention module, in order
+        layers = evict_layers(cache, keep, layers=[module.layer_idx for module in self._attention])
+        return [list(held_counts(layer)) for layer in layers]
 
 
-__all__ = ["KVzipRaggedPress", "RaggedGatePress", "RaggedAdaKVPress", "RaggedSamplingPress", "held_bytes", "on_device"]
+__all__ = ["KVzipRaggedPress", "RaggedGatePress", "RaggedAdaKVPress", "RaggedSamplingPress", "held_bytes"]

@@ -31,9 +31,8 @@ from kvpress import DecodingPress, KnormPress, SnapKVPress, TOVAPress
 from transformers import DynamicCache
 
 from evaluation.bench import common
-from kvpress_prob.correction import bias as correction
+from kvpress_prob.cache import cache_held_bytes
 from kvpress_prob.names.decoding import get_decoding_press
-from kvpress_prob.presses.sampling import language_model
 
 OURS = ["decode_knorm_topk", "decode_tova_topk", "prob_decode_attn_priority", "prob_decode_attn_priority_nocorr",
         "prob_decode_tova_priority", "prob_decode_tova_priority_nocorr"]
@@ -55,16 +54,6 @@ def build(name: str, target: int, interval: int):
     return get_decoding_press(name, target, interval)
 
 
-def held_bytes(model, cache) -> tuple[int, int]:
-    """(keys + values bytes, correction bias bytes) held by ``cache``."""
-    kv = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
-    bias = 0
-    for layer in language_model(model).layers:
-        b = correction.bias_of(layer.self_attn, cache)
-        bias += 0 if b is None else b.numel() * b.element_size()
-    return kv, bias
-
-
 @torch.no_grad()
 def decode(model, cache, press, tokens: torch.Tensor, start: int) -> dict:
     times, peak = [], 0
@@ -75,9 +64,9 @@ def decode(model, cache, press, tokens: torch.Tensor, start: int) -> dict:
                 model(input_ids=token.view(1, 1), past_key_values=cache,
                       position_ids=torch.tensor([[start + i]], device=token.device))
             times.append(watch.wall)
-            kv, bias = held_bytes(model, cache)
+            kv, bias = cache_held_bytes(cache)  # a dense layer's correction bias, a ragged layer's own
             peak = max(peak, kv + bias)
-    kv, bias = held_bytes(model, cache)
+    kv, bias = cache_held_bytes(cache)
     return {"seconds": sum(times), "tok_per_s": len(times) / sum(times), "median_step_ms": 1e3 * statistics.median(times),
             "peak_cache_bytes": peak, "final_kv_bytes": kv, "bias_bytes": bias,
             "rounds": (getattr(press, "stats", None) or {}).get("rounds")}
@@ -106,12 +95,13 @@ def summarise(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m evaluation.bench decode-speed", description=__doc__.split("\n")[0])
-    parser.add_argument("--length", type=int, default=2048, help="prefilled context tokens (default 2048)")
-    parser.add_argument("--target", type=int, default=512, help="entries per KV head after a round (default 512)")
-    parser.add_argument("--interval", type=int, default=32, help="decoding steps between rounds (default 32)")
-    parser.add_argument("--steps", type=int, default=128, help="timed decoding steps per variant (default 128)")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
+    for flag, default, text in (("--length", 2048, "prefilled context tokens"),
+                                ("--target", 512, "entries per KV head after a round"),
+                                ("--interval", 32, "decoding steps between rounds"),
+                                ("--steps", 128, "timed decoding steps per variant"),
+                                ("--repeats", 3, "repeats, the variants in a rotated order each time"),
+                                ("--threads", 1, "torch.set_num_threads")):
+        parser.add_argument(flag, type=int, default=default, help=f"{text} (default {default})")
     parser.add_argument("--out", default="results/bench")
     parser.add_argument("--model", default=None)
     parser.add_argument("--ours", nargs="*", default=[], metavar="NAME",

@@ -12,6 +12,7 @@ from transformers import DynamicCache
 from evaluation.bench import common
 from evaluation.engine import Prefill, press_prefill
 from evaluation.engine.runner import REFERENCE, Config
+from kvpress_prob.cache import cache_held_bytes
 from kvpress_prob.correction import bias as correction
 from kvpress_prob.presses.sampling import language_model
 
@@ -28,10 +29,8 @@ DECODE_VARIANTS = {
 
 def cache_bytes(cache) -> int:
     """Bytes of keys + values held by a cache: the storage of every tensor each layer holds (a view keeps its
-    whole tensor; a ragged layer its flat buffers), ``evaluation.engine.prefill.kv_bytes``."""
-    from evaluation.engine.prefill import kv_bytes
-
-    return sum(kv_bytes(layer) for layer in cache.layers if getattr(layer, "is_initialized", False))
+    whole tensor; a ragged layer its flat buffers), ``kvpress_prob.cache.cache_held_bytes``."""
+    return cache_held_bytes(cache)[0]
 
 
 def attention_modules(model) -> list:

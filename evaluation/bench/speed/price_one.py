@@ -21,13 +21,12 @@ import sys
 import torch
 
 from evaluation.bench import common
-from evaluation.bench.speed.measure import cache_bytes, set_masks
+from evaluation.bench.speed.measure import set_masks
 from evaluation.bench.speed.parts import Parts
 from evaluation.bench.speed.route import route
 from evaluation.engine import press_prefill
 from evaluation.engine.runner import REFERENCE, Config
-from kvpress_prob.cache import RaggedLayer
-from kvpress_prob.correction import bias as correction
+from kvpress_prob.cache import cache_held_bytes, mean_kept
 from kvpress_prob.presses.kvzip_scoring import clear_scores
 from kvpress_prob.presses.sampling import language_model
 
@@ -49,22 +48,6 @@ def build(name: str, ratio: float, seed: int):
 
 def _step(model, cache, token: torch.Tensor, position: int) -> None:
     model(input_ids=token.view(1, 1), past_key_values=cache, position_ids=torch.tensor([[position]], device=token.device))
-
-
-def held_bytes(model, cache) -> tuple[int, int]:
-    """(keys + values, correction bias) bytes held by ``cache``: the storage each layer keeps alive (a ragged layer
-    holds its own bias)."""
-    bias = 0
-    for layer in language_model(model).layers:
-        held = cache.layers[layer.self_attn.layer_idx]
-        b = held.bias if isinstance(held, RaggedLayer) else correction.bias_of(layer.self_attn, cache)
-        bias += 0 if b is None else b.numel() * b.element_size()
-    return cache_bytes(cache), bias
-
-
-def kept_length(layer) -> float:
-    """Entries a layer holds per KV head (a ragged layer: the mean of its heads' counts)."""
-    return sum(layer.lengths) / len(layer.lengths) if isinstance(layer, RaggedLayer) else layer.keys.shape[2]
 
 
 def measure(spec: dict) -> dict:
@@ -92,8 +75,8 @@ def price_row(model, ids: torch.Tensor, name: str, rep: int, ratio: float, decod
             common.Stopwatch(model.device) as watch:
         cache = press_prefill(model, ids, press)
     load_after = common.loadavg()
-    kv, bias = held_bytes(model, cache)
-    kept = statistics.mean(kept_length(layer) for layer in cache.layers)
+    kv, bias = cache_held_bytes(cache)  # each storage once, a ragged layer's bias and a dense one's correction
+    kept = statistics.mean(mean_kept(layer) for layer in cache.layers)
     tokens = torch.randint(100, 10000, (warmup_steps + decode_steps,),
                            generator=torch.Generator().manual_seed(0)).to(model.device)
     times, decode_route = [], None

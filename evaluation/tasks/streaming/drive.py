@@ -25,8 +25,7 @@ from typing import Callable
 import torch
 from transformers import DynamicCache
 
-from kvpress_prob.cache import RaggedLayer
-from kvpress_prob.presses.ragged_presses import held_bytes
+from kvpress_prob.cache import cache_held_bytes, widest_held
 
 
 @dataclass(frozen=True)
@@ -77,7 +76,8 @@ def feed(model, ids: torch.Tensor, schedule: Schedule, press=None,
     Returns the cache's size: ``held_max`` (the most entries per KV head any layer held after a forward),
     ``attended_max`` (the most any forward attended: entries before it plus its tokens), ``held_end`` (the
     most after the last forward), ``kv_bytes`` (keys and values of the final cache), ``bias_bytes`` (the
-    correction bias a press keeps on it, measured before the press's context exits), ``budget_bytes`` (keys
+    bias a press keeps on it: a dense layer's correction, a ragged layer's own), both counting each storage once
+    (``kvpress_prob.cache.held_bytes``) and measured before the press's context exits, ``budget_bytes`` (keys
     and values of ``budget`` entries per KV head in every layer: the equal-bytes target, whatever each
     layer holds) and ``cache`` (the final DynamicCache)."""
     if ids.shape != (1, schedule.n):
@@ -88,12 +88,11 @@ def feed(model, ids: torch.Tensor, schedule: Schedule, press=None,
 
     def forward(start: int, end: int, keep_all: bool):
         nonlocal held_max, attended_max
-        ragged = [layer for layer in cache.layers if isinstance(layer, RaggedLayer)]
-        before = max(map(_held, ragged)) if ragged else cache.get_seq_length()  # a ragged layer's widest head
+        before = _held(cache)  # the widest head of any layer (a ragged layer's is not its logical length)
         positions = torch.arange(start, end, device=ids.device)[None]
         out = model(input_ids=ids[:, start:end], past_key_values=cache, position_ids=positions,
                     logits_to_keep=0 if keep_all else 1)
-        held = max(_held(layer) for layer in cache.layers)
+        held = _held(cache)
         held_max, attended_max = max(held_max, held), max(attended_max, before + end - start)
         return out.logits[0]
 
@@ -105,36 +104,18 @@ def feed(model, ids: torch.Tensor, schedule: Schedule, press=None,
             if end > schedule.score_from and on_logits is not None:
                 first = max(start, schedule.score_from)
                 on_logits(first, logits[first - start:].float())
-        bias_bytes = sum(b.numel() * b.element_size() for b in biases(model, cache))
-    sizes = [_bytes(layer) for layer in cache.layers]  # (K and V, a ragged layer's own bias)
-    held_end = max(_held(layer) for layer in cache.layers)
-    kv_bytes, bias_bytes = sum(kv for kv, _ in sizes), bias_bytes + sum(b for _, b in sizes)
+        kv_bytes, bias_bytes = cache_held_bytes(cache)
+    held_end = _held(cache)
     budget_bytes = sum(2 * layer.keys.shape[1] * layer.keys.shape[3] * layer.keys.dtype.itemsize * schedule.budget
                        for layer in cache.layers)
     return {"held_max": held_max, "attended_max": attended_max, "held_end": held_end, "kv_bytes": kv_bytes,
             "bias_bytes": bias_bytes, "budget_bytes": budget_bytes, "cache": cache}
 
 
-def _held(layer) -> int:
-    """Entries per KV head a layer holds: a ragged layer's widest head (its kept count plus the appended tokens)."""
-    return max(layer.lengths) + layer.appended if isinstance(layer, RaggedLayer) else layer.keys.shape[2]
-
-
-def _bytes(layer) -> tuple[int, int]:
-    """(bytes of the layer's keys and values, of a bias stored on a ragged layer): a ragged layer counts the
-    storage of its buffers (its kept entries and the slots of appended tokens), a dense one its K and V."""
-    if isinstance(layer, RaggedLayer):
-        return held_bytes(layer)
-    return 2 * layer.keys.numel() * layer.keys.element_size(), 0
-
-
-def biases(model, cache) -> list[torch.Tensor]:
-    """The correction biases a kvpress_prob press keeps on ``cache`` beside its keys and values, one per
-    layer that has one (``kvpress_prob.correction.bias.bias_of``)."""
-    from kvpress_prob.correction.bias import bias_of
-
-    found = (bias_of(layer.self_attn, cache) for layer in model.model.layers)
-    return [b for b in found if b is not None]
+def _held(cache) -> int:
+    """Entries the widest KV head of any layer of ``cache`` holds (a ragged head: its kept count plus the appended
+    tokens); 0 before the first forward."""
+    return max((widest_held(layer) for layer in cache.layers if layer.is_initialized), default=0)
 
 
 def full_logits(model, ids: torch.Tensor, schedule: Schedule) -> torch.Tensor:
