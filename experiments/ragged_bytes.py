@@ -2,8 +2,9 @@
 contexts of results/archive/dev/round3-toprest-ruler-1024 (8 examples, SmolLM2-135M, 1024-token contexts), r = 0.5 / 0.75 /
 0.9, seeds 0-2 for sampled presses, fp32 and bf16. Counts the storage of every tensor each layer holds (a view its
 whole storage): K and V, and the correction bias (a padded layer's, read through the correction; a RaggedLayer's
-own): ``kvpress_prob.cache.cache_held_bytes``. One shared prefill per context (evaluation.engine.Prefill). Resumable: one JSON line per row; then the table of
-each press's bytes over snapkv's on the same example, ratio and dtype, averaged over examples and seeds. For a
+own): ``kvpress_prob.cache.cache_held_bytes``. One shared prefill per context (evaluation.engine.Prefill).
+Resumable: one JSON line per row; then the table of each press's bytes over snapkv's on the same example, ratio
+and dtype, averaged over examples and seeds. For a
 sampled press, `kv_x_expected` is the K+V of the draw's expected kept count (sum of its inclusion probabilities,
 the sampler's ``stats["expected_kept"]``) over snapkv's: what its held K+V averages over seeds, without their noise
 (the padded press holds its padding on top).

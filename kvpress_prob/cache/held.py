@@ -101,9 +101,9 @@ def prompt_entries(layer, real: torch.Tensor, first_decoding: int | None, length
     """(the prompt's length, (1, H, m) bool: which entries of ``padded_view(layer)`` sit before it), for a
     decoding round that must crop back to the prompt. ``real`` (1, H, m): the view's entries that are not
     padding; ``first_decoding``: the logical length at the layer's first decoding forward (None where unknown:
-    a ``FoldedLayer`` needs none); ``length``: the logical length now. A ``FoldedLayer`` knows its prompt (each head's first ``prompt_kept[h]`` entries, before
-    ``prompt_length``); any other layer still holds every token since the first decoding forward, in every head,
-    as its last ``length - first_decoding`` entries."""
+    a ``FoldedLayer`` needs none); ``length``: the logical length now. A ``FoldedLayer`` knows its prompt (each
+    head's first ``prompt_kept[h]`` entries, before ``prompt_length``); any other layer still holds every token
+    since the first decoding forward, in every head, as its last ``length - first_decoding`` entries."""
     if isinstance(layer, FoldedLayer):
         slot = torch.arange(real.shape[-1], device=real.device)
         kept = torch.tensor(layer.prompt_kept, device=real.device)[:, None]

@@ -203,4 +203,5 @@ class KVzipSampledPress(BoundedKVzipPress):
         for m, k in zip(modules, counts):
             self.evictor(ratio_keeping(k, n)).evict(self._cache, {m: pi[m.layer_idx].to(self._cache.layers[m.layer_idx].keys.device)})
 
+
 __all__ = ["KVzipSampledPress"]

@@ -14,6 +14,10 @@ route. Each head's kept set is one of ``presses.per_head``'s (or a sampler's dra
   (``adakv_snapkv_ragged``).
 - ``RaggedGatePress``: Fast KVzip's learned gates, each head keeping its share of their global top
   (``topk_gate_ragged``).
+
+Each evicts through ``kvpress_prob.cache``: ``evict_ragged`` for one layer (at its hook), ``evict_layers`` for every
+layer at once (a press that chose them together: the KVzip presses through ``KVzipSampledPress.evict_scores``), both
+refusing what ``check_evictable`` refuses; what a layer then holds is read through ``cache.held_bytes`` and its kin.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from evaluation.engine import Compressed, Prefill, generate_batch, press_prefill
 from evaluation.engine.runner import REFERENCE, Config, run
 from evaluation.store.results import ResultStore
 from evaluation.tasks.ruler.offline import generate_ruler
+from kvpress_prob.cache import cache_held_bytes
 from kvpress_prob.presses.kvzip_scoring import BoundedKVzipPress, tokenizer_of
 
 MAX_NEW_TOKENS = 16
@@ -92,7 +93,7 @@ def measure(spec: dict) -> dict:
         with common.PeakMemory(model.device, anonymous=True) as memory, common.Stopwatch(model.device) as watch:
             cache = block()
         out["n_context"] = n
-        out["cache_bytes"] = tensor_bytes(t for layer in cache.layers for t in (layer.keys, layer.values))
+        out["cache_bytes"] = cache_held_bytes(cache)[0]  # K and V, each storage once (a ragged layer's buffers too)
         if press is not None and hasattr(press, "stats") and press.stats:
             out["realised_ratio"] = press.stats["realised_ratio"]
         del cache
