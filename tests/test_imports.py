@@ -210,3 +210,12 @@ def test_the_public_api_is_one_import():
                                          "RECOMMENDED_RETRIEVAL"}
     assert all(hasattr(kvpress_prob, name) for name in kvpress_prob.__all__)
     assert RECOMMENDED in PRESSES and isinstance(get_press(RECOMMENDED, 0.5), object)
+
+
+def test_the_metrics_read_no_engine():
+    """``evaluation.engine`` (the runner) imports the metrics, so the metrics import nothing of the engine."""
+    known = modules()
+    found = sorted(f"{name} -> {target}" for name, path in known.items() if name.startswith("evaluation.metrics")
+                   for target in imports(name, path, known) if target.startswith("evaluation.engine"))
+    assert found == []
+    assert "evaluation.metrics.answers" in imports("evaluation.engine.runner", known["evaluation.engine.runner"], known)
