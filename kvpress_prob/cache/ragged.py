@@ -336,8 +336,7 @@ def evict_ragged(cache, layer_idx: int, keep: torch.Tensor, bias: torch.Tensor |
     if isinstance(layer, RaggedLayer):
         raise ValueError(f"layer {layer_idx} is already a RaggedLayer: evict_ragged reads a dense layer")
     keys, values = layer.keys, layer.values
-    if isinstance(keys, torch.Tensor) and keys.dim() == 4:
-        check_evictable(cache, keys.shape[0], "evict_ragged")
+    check_evictable(cache, keys.shape[0] if isinstance(keys, torch.Tensor) and keys.dim() == 4 else 1, "evict_ragged")
     if not isinstance(keys, torch.Tensor) or keys.dim() != 4 or keys.shape[0] != 1:
         raise ValueError(f"layer {layer_idx} must hold dense keys (1, H, n, d) to evict, got "
                          f"{getattr(keys, 'shape', keys)}")
