@@ -145,8 +145,8 @@ def test_fused_and_sdpa_routes_on_cuda_match_float64(dtype, bias_dtype, q_len):
     which CUDA's memory-efficient kernel requires: issue 25) against the float64 reference."""
     from test_fused import TOL, case, reference
 
-    from kvpress_prob.correction import attention
-    from kvpress_prob.correction import flex
+    from kvpress_prob.correction import corrected_attention as attention
+    from kvpress_prob.correction import corrected_flex as flex
 
     query, key, value, bias = (x.cuda() for x in case(dtype, bias_dtype, q_len))
     want = reference(query.cpu(), key.cpu(), value.cpu(), bias.cpu())
@@ -163,7 +163,7 @@ def test_a_float32_bias_decodes_in_bfloat16_on_cuda(mode):
     from transformers import DynamicCache
 
     from kvpress_prob import SamplingPress
-    from kvpress_prob.correction import flex
+    from kvpress_prob.correction import corrected_flex as flex
 
     model = tiny_model("llama", dtype=torch.bfloat16).to("cuda")
     ids = random_ids(40).cuda()
@@ -201,13 +201,14 @@ RAGGED_ROUTES = ["portable", "flex", "nested", "flash"]
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("q_len", [1, 6])
 def test_ragged_route_on_cuda_matches_float64(route, dtype, q_len):
-    """Every route over a ragged layer on CUDA (kvpress_prob/cache/attention.py, fused.py), chosen by
+    """Every route over a ragged layer on CUDA (kvpress_prob/cache/ragged_attention.py, fused.py), chosen by
     ``set_route``: fp32 within 1e-5 of the output's scale, bfloat16 within twice dense SDPA's error on the same
     entries (as tests/test_ragged_attention.py and test_ragged_routes.py on a CPU), with a bias where the route
     serves one. The nested route serves decoding steps without a bias; the flash route needs flash_attn, no
     bias, a half dtype."""
     from test_ragged_attention import _case, _dense_inputs, _reference, inputs_as
-    from kvpress_prob.cache import attention, fused
+    from kvpress_prob.cache import ragged_attention as attention
+    from kvpress_prob.cache import ragged_fused as fused
 
     if route == "flash" and not fused.flash_available():
         pytest.skip("the flash route needs the flash_attn package, not installed here")
@@ -241,7 +242,7 @@ def test_auto_route_on_cuda_is_flex_and_decodes_a_ragged_press():
     from evaluation.bench.speed.route import route
     from evaluation.engine import press_prefill
     from kvpress_prob import get_press
-    from kvpress_prob.cache import attention
+    from kvpress_prob.cache import ragged_attention as attention
 
     model = tiny_model("llama", dtype=torch.bfloat16).to("cuda")
     cache = press_prefill(model, random_ids(96).cuda(), get_press("topk_kvzip_global", 0.5))

@@ -1,4 +1,4 @@
-"""The fused corrected attention (FlexAttention, ``kvpress_prob.correction.flex``; issue 27 item 1) against a
+"""The fused corrected attention (FlexAttention, ``kvpress_prob.correction.corrected_flex``; issue 27 item 1) against a
 dense float64 reference, in float32 and bfloat16, with GQA, padding, several new tokens (causal among
 them) and a compounding bias; and its routing: CUDA and flash-attention models run it, FA2 keeps
 the prefill, one log line says so."""
@@ -12,9 +12,9 @@ from conftest import random_ids, tiny_model
 from transformers import DynamicCache
 
 from kvpress_prob import SamplingPress
-from kvpress_prob.correction import attention
+from kvpress_prob.correction import corrected_attention as attention
 from kvpress_prob.correction import bias as correction
-from kvpress_prob.correction import flex as fused
+from kvpress_prob.correction import corrected_flex as fused
 
 
 def reference(query, key, value, bias, scale=None):

@@ -10,7 +10,9 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from evaluation.engine import press_prefill
-from kvpress_prob.correction import attention, bias as correction, flex
+from kvpress_prob.correction import bias as correction
+from kvpress_prob.correction import corrected_attention as attention
+from kvpress_prob.correction import corrected_flex as flex
 from kvpress_prob.names.registry import get_press
 from kvpress_prob.presses import kvzip_scoring
 from kvpress_prob.presses.allocations import allocation_keep, evict_keep

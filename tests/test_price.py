@@ -13,7 +13,7 @@ from evaluation.bench.speed.route import route, routes
 from evaluation.engine import press_prefill
 from evaluation.report import price
 from evaluation.report.press_info import price_line
-from kvpress_prob.correction import flex
+from kvpress_prob.correction import corrected_flex as flex
 from kvpress_prob.names.registry import get_press
 from tests.conftest import random_ids, tiny_model
 

@@ -1,4 +1,4 @@
-"""The fused routes over a ragged layer (kvpress_prob/cache/fused.py) on a CPU, against the float64 attention with
+"""The fused routes over a ragged layer (kvpress_prob/cache/ragged_fused.py) on a CPU, against the float64 attention with
 explicit per-head masks of tests/test_ragged_attention.py and against the portable route: FlexAttention (eager
 here) and SDPA on nested jagged tensors; flash-attn's varlen layout through a float64 implementation of
 ``flash_attn_varlen_func``'s documented semantics; the block mask's lists cover every visible slot; the choice of
@@ -14,7 +14,9 @@ from conftest import tiny_model
 from test_ragged_attention import _case, _dense_sdpa, _reference, inputs_as
 from transformers import DynamicCache
 
-from kvpress_prob.cache import attention, evict_ragged, fused
+from kvpress_prob.cache import evict_ragged
+from kvpress_prob.cache import ragged_attention as attention
+from kvpress_prob.cache import ragged_fused as fused
 
 FLEX_CASES = [(1, 0, False), (1, 3, True), (5, 0, False), (7, 2, True)]  # (q_len, earlier tokens, with a bias)
 

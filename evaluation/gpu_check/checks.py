@@ -24,10 +24,10 @@ from transformers import DynamicCache
 
 from evaluation.bench import common
 from evaluation.bench.speed.route import route
-from kvpress_prob.cache import attention as ragged
-from kvpress_prob.correction import attention
+from kvpress_prob.cache import ragged_attention as ragged
+from kvpress_prob.correction import corrected_attention as attention
 from kvpress_prob.correction import bias as correction
-from kvpress_prob.correction import flex as fused
+from kvpress_prob.correction import corrected_flex as fused
 from kvpress_prob.proposals import precision
 from kvpress_prob.proposals.attention import attention_mass
 
@@ -103,7 +103,7 @@ def _ragged_reference(query, keys, values, keep, bias, new_k, new_v, dtype):
 def _ragged_refusal(route: str, query: torch.Tensor, with_bias: bool) -> str | None:
     """Why ``route`` does not serve a forward of ``query`` (with a bias or not), as its docstring says; None if
     it does."""
-    from kvpress_prob.cache import fused as ragged_fused
+    from kvpress_prob.cache import ragged_fused
 
     if route == "nested" and (query.shape[2] > 1 or with_bias):
         return "the nested route serves decoding steps without a bias"
@@ -115,7 +115,7 @@ def _ragged_refusal(route: str, query: torch.Tensor, with_bias: bool) -> str | N
 
 
 def ragged_accuracy(hq: int, hkv: int, d: int, n: int, device, seed: int = 0) -> dict:
-    """Max |error| against float64 of every route over a ragged layer (``kvpress_prob.cache.attention.ROUTES``),
+    """Max |error| against float64 of every route over a ragged layer (``kvpress_prob.cache.ragged_attention.ROUTES``),
     bf16: a decoding step, and 8 new tokens without and with a float32 bias; each within twice dense SDPA's error
     on the same entries, or the reason the route does not serve that forward."""
     from kvpress_prob.cache import evict_ragged
@@ -198,7 +198,7 @@ def plain_copy(cache) -> DynamicCache:
 @torch.no_grad()
 def decode(model, variants: dict, n: int, steps: int, warmup: int = 2) -> dict:
     """Decode ``variants`` (name -> (cache, attn_implementation, fused mode, ragged route): the correction's
-    ``flex.set_mode`` and a ragged cache's ``kvpress_prob.cache.attention.set_route``) in lockstep, one token
+    ``flex.set_mode`` and a ragged cache's ``kvpress_prob.cache.ragged_attention.set_route``) in lockstep, one token
     per step at position n + i; returns name -> {median_step_ms, steps, route}: ``route``, the attention
     function that ran the first (untimed) step, seen by the spy (``warmup`` >= 1)."""
     if warmup < 1:

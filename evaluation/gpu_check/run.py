@@ -101,8 +101,8 @@ def run_pytest(budget: Budget) -> dict:
 def main(argv=None) -> dict:
     from evaluation.bench.speed import price
     from evaluation.gpu_check import checks, models
-    from kvpress_prob.correction import attention
-    from kvpress_prob.correction import flex as fused
+    from kvpress_prob.correction import corrected_attention as attention
+    from kvpress_prob.correction import corrected_flex as fused
     from kvpress_prob.names.registry import RECOMMENDED
 
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -208,7 +208,7 @@ def main(argv=None) -> dict:
 def ragged_routes(device: str) -> list[str]:
     """The routes that decode a ragged cache without a bias on ``device``: the portable route, FlexAttention, the
     nested route, and flash-attn's varlen where it is installed and the device is CUDA."""
-    from kvpress_prob.cache import fused as ragged_fused
+    from kvpress_prob.cache import ragged_fused
 
     return ["portable", "flex", "nested"] + (["flash"] if device == "cuda" and ragged_fused.flash_available() else [])
 
@@ -216,7 +216,7 @@ def ragged_routes(device: str) -> list[str]:
 def ragged_decode_rows(model: str, n: int, timed: dict, device: str) -> list[dict]:
     """One row per route of ``RAGGED``'s decode step over snapkv's plain step (the same lockstep decode);
     ``auto``: the route ``set_route("auto")`` runs on ``device``."""
-    from kvpress_prob.cache.attention import auto_route
+    from kvpress_prob.cache.ragged_attention import auto_route
 
     auto = auto_route(device)
     snapkv = timed["snapkv, plain sdpa"]["median_step_ms"]
@@ -235,8 +235,8 @@ def checks_copy_with_bias(cache):
 def kernel_names(checks, model, cache, implementation, mode, route, n, device) -> list[str]:
     import copy
 
-    from kvpress_prob.cache import attention as ragged
-    from kvpress_prob.correction import flex as fused
+    from kvpress_prob.cache import ragged_attention as ragged
+    from kvpress_prob.correction import corrected_flex as fused
 
     cache = copy.deepcopy(cache)
     previous = model.config._attn_implementation

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from kvpress_prob.cache import attention
+from kvpress_prob.cache import ragged_attention as attention
 from kvpress_prob.cache.ragged import RaggedLayer
 
 

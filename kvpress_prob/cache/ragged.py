@@ -26,7 +26,7 @@ view raises; ``head``, ``tail`` and ``padded`` read the entries.
 
 ``update()`` appends and returns ``RaggedKeys`` placeholders of the logical shape (1, H, n + t, d) (no
 memory: one element, expanded) carrying the layer's ``RaggedContext``: only the ragged attention route
-(``kvpress_prob.cache.attention``, wrapped around every function of ``ALL_ATTENTION_FUNCTIONS`` when a layer
+(``kvpress_prob.cache.ragged_attention``, wrapped around every function of ``ALL_ATTENTION_FUNCTIONS`` when a layer
 is built) reads them, so an attention function that does not know the layout (eager attention) raises
 instead of attending to the wrong entries. Batch size 1; beam search, cropping into the context, offloading
 and batch reshaping are refused with an error naming the operation.
@@ -37,7 +37,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import CacheLayerMixin
 
-from kvpress_prob.cache import attention
+from kvpress_prob.cache import ragged_attention as attention
 from kvpress_prob.cache.layout import RaggedContext, RaggedKeys
 
 MIN_SLOTS = 32  # free slots per head given at the first append (then the tail's length, doubling)

@@ -3,7 +3,7 @@
 After eviction each layer of the compressed cache carries a bias of shape (b, H_kv, S): the
 log-weight / T of each stored prefix entry (T the press's temperature) (S = the layer's largest kept count), and the dtype's
 most negative finite value on padding. Every later forward on that cache reads it through the wrapped
-attention functions (``kvpress_prob.correction.attention.corrected_sdpa``: self-normalised importance sampling
+attention functions (``kvpress_prob.correction.corrected_attention.corrected_sdpa``: self-normalised importance sampling
 as an additive logit bias).
 
 Lifetime: the bias belongs to the one compressed cache, and lives on its layer objects (it is
@@ -22,7 +22,7 @@ without a cache): when the last such cache is freed (``weakref.finalize``) they 
 the module carries nothing of ours. The module's state (hook handles, the cache it last ran on) is
 kept here, in a dictionary weakly keyed by the module, never as attributes on the model.
 
-The attention functions themselves are wrapped by ``kvpress_prob.correction.attention`` (on entry of a press,
+The attention functions themselves are wrapped by ``kvpress_prob.correction.corrected_attention`` (on entry of a press,
 whenever a bias is given and before a forward that reads one; never at import). The state is read
 and written only through ``set_bias``, ``store``, ``bias_of`` and ``reset``.
 
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from kvpress_prob.correction import attention
+from kvpress_prob.correction import corrected_attention as attention
 
 _BIAS = "_kvprob_bias"  # on a cache layer: its (b, H_kv, S) bias (the only attribute of ours, and not on the model)
 
@@ -146,7 +146,7 @@ def store(module: torch.nn.Module, bias: torch.Tensor, cache) -> int:
     """What an eviction stores for layer ``module.layer_idx`` of ``cache``: its bias (b, H_kv, S) through
     ``set_bias``, unless every entry of it is 0 (weight 1 on every stored entry, no padding). Then the layer
     holds its keys and values only, any bias it held is dropped, and it decodes through the model's own
-    attention function (``kvpress_prob.correction.attention`` builds the mask of its own length where the
+    attention function (``kvpress_prob.correction.corrected_attention`` builds the mask of its own length where the
     model's, built from layer 0's, does not fit). Returns the bytes stored for the bias (0 when none)."""
     attention.install()
     if bool((bias == 0).all()):

@@ -15,7 +15,7 @@ from kvpress.presses.base_press import is_prefilling
 from kvpress.presses.scorer_press import ScorerPress
 from torch import nn
 
-from kvpress_prob.correction import attention
+from kvpress_prob.correction import corrected_attention as attention
 from kvpress_prob.correction import bias as correction
 from kvpress_prob.decoding import rounds
 from kvpress_prob.proposals.attention import rope_queries

@@ -21,7 +21,7 @@ import torch
 from kvpress.presses.base_press import BasePress, is_prefilling
 from torch import nn
 
-from kvpress_prob.correction import attention
+from kvpress_prob.correction import corrected_attention as attention
 from kvpress_prob.presses import gate_training
 from kvpress_prob.presses.allocations import allocation_keep, evict_keep
 from kvpress_prob.presses.sampling import hooked_layers, language_model

@@ -10,7 +10,7 @@ from kvpress.presses.base_press import BasePress, is_prefilling
 from torch import nn
 from transformers import Cache, Gemma3ForConditionalGeneration, PreTrainedModel, QuantizedCache
 
-from kvpress_prob.correction import attention
+from kvpress_prob.correction import corrected_attention as attention
 from kvpress_prob.correction import bias as correction
 from kvpress_prob.presses import prefill_modes
 from kvpress_prob.presses.prefill_plan import PrefillPlan
@@ -48,7 +48,7 @@ class SamplingPress(BasePress):
     ``prefilling_press`` it runs as alone; every other wrapper (``wrappers.REFUSED`` and any unknown
     one) is refused with the alternative to use, before its first prefill evicts or skips anything
     (``kvpress_prob.correction.wrappers``; README table). Importing this package changes no kvpress class and no
-    attention function: entering the press wraps the attention functions (``kvpress_prob.correction.attention``).
+    attention function: entering the press wraps the attention functions (``kvpress_prob.correction.corrected_attention``).
 
     The kept count is random for a random design ("soft" budget): its expectation is
     (1 - compression_ratio) * n per head on average over the budget's scope, its realisation is in

@@ -5,11 +5,11 @@ what computed it:
 
 - the function registered as the model's attention implementation (``ALL_ATTENTION_FUNCTIONS[impl]``),
   entered by every layer, named by ``impl`` ("sdpa", "flash_attention_2", ...): the model's own kernel;
-- ``kvpress_prob.correction.attention.corrected_sdpa``: "corrected sdpa" (a dense float mask holding the bias);
-- ``kvpress_prob.correction.flex.flex_corrected``: "flex" (FlexAttention, the bias in a ``score_mod``;
+- ``kvpress_prob.correction.corrected_attention.corrected_sdpa``: "corrected sdpa" (a dense float mask holding the bias);
+- ``kvpress_prob.correction.corrected_flex.flex_corrected``: "flex" (FlexAttention, the bias in a ``score_mod``;
   compiled on CUDA, eager on a CPU);
-- ``kvpress_prob.cache.attention.ragged_sdpa``: "ragged sdpa" (a ragged cache's portable route: one SDPA per KV
-  head); ``kvpress_prob.cache.fused``'s ``flex_ragged``, ``nested_ragged``, ``flash_ragged``: "ragged flex",
+- ``kvpress_prob.cache.ragged_attention.ragged_sdpa``: "ragged sdpa" (a ragged cache's portable route: one SDPA per KV
+  head); ``kvpress_prob.cache.ragged_fused``'s ``flex_ragged``, ``nested_ragged``, ``flash_ragged``: "ragged flex",
   "ragged nested", "ragged flash" (its fused routes: one call per layer).
 
 A layer whose module carries kvpress's ``masked_key_indices`` (AdaKV, KVzip's masks) is named
@@ -24,9 +24,10 @@ from contextlib import contextmanager
 
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from kvpress_prob.cache import attention as ragged
-from kvpress_prob.cache import fused as ragged_fused
-from kvpress_prob.correction import attention, flex
+from kvpress_prob.cache import ragged_attention as ragged
+from kvpress_prob.cache import ragged_fused
+from kvpress_prob.correction import corrected_attention as attention
+from kvpress_prob.correction import corrected_flex as flex
 
 
 @contextmanager

@@ -1,6 +1,6 @@
 """The corrected attention through FlexAttention: the bias added in a ``score_mod``.
 
-``corrected_sdpa`` (``kvpress_prob.correction.attention``) hands scaled_dot_product_attention a dense float
+``corrected_sdpa`` (``kvpress_prob.correction.corrected_attention``) hands scaled_dot_product_attention a dense float
 mask: on CUDA that rules out the flash kernel, and the memory-efficient kernel it falls back to does
 not split over keys. Here the same attention,
 

@@ -6,7 +6,7 @@ placeholders carrying the layer's ``RaggedContext``. ``install()`` wraps every f
 ``ALL_ATTENTION_FUNCTIONS`` (on top of kvpress's and the correction's wrappers, idempotent; called by
 ``evict_ragged``): a forward whose keys carry a context runs the route ``choose`` gives (``set_route``: by default
 the portable route ``ragged_sdpa`` on a CPU, FlexAttention on CUDA; the fused routes are in
-``kvpress_prob.cache.fused``), any other runs the function unchanged. The model's attention mask is not read
+``kvpress_prob.cache.ragged_fused``), any other runs the function unchanged. The model's attention mask is not read
 there: a ragged cache holds one sequence without padding, and the route builds each head's own mask (its kept
 entries all visible, the new tokens causal).
 
@@ -30,10 +30,10 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from kvpress_prob.attention_functions import wrap_all
-from kvpress_prob.cache import fused
+from kvpress_prob.attention_dispatch import wrap_all
+from kvpress_prob.cache import ragged_fused as fused
 from kvpress_prob.cache.layout import RaggedContext, RaggedKeys
-from kvpress_prob.correction import flex
+from kvpress_prob.correction import corrected_flex as flex
 
 _WRAPPED = "_kvprob_ragged_wrapped"  # on a wrapper function: marks it as this module's
 
@@ -82,7 +82,7 @@ _ROUTE = ["auto"]
 
 def set_route(route: str) -> None:
     """The route every ragged layer's forward runs: "auto" (FlexAttention on CUDA where torch has it, the portable
-    route elsewhere), "portable" (``ragged_sdpa``), "flex", "nested" or "flash" (``kvpress_prob.cache.fused``)."""
+    route elsewhere), "portable" (``ragged_sdpa``), "flex", "nested" or "flash" (``kvpress_prob.cache.ragged_fused``)."""
     if route not in ROUTES:
         raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
     _ROUTE[0] = route

@@ -12,7 +12,7 @@ At a prefill, a wrapped function first checks the kvpress wrappers hooked on the
 original unchanged unless the module's current forward carries a bias
 (``activate``d by ``kvpress_prob.correction.bias``'s pre-hook for a cache compressed by a SamplingPress)
 and is not a prefill; then it runs ``corrected`` (``corrected_sdpa`` on a CPU, FlexAttention on CUDA
-and under flash attention: ``kvpress_prob.correction.flex``): softmax(q k / sqrt(d) + bias) over [stored
+and under flash attention: ``kvpress_prob.correction.corrected_flex``): softmax(q k / sqrt(d) + bias) over [stored
 prefix | new tokens], the bias 0 on new tokens, which is
 
   out = [sum_kept w_i e^{s_i} v_i + sum_new e^{s_j} v_j] / [sum_kept w_i e^{s_i} + sum_new e^{s_j}]
@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from kvpress_prob.attention_functions import wrap_all
-from kvpress_prob.correction import flex
+from kvpress_prob.attention_dispatch import wrap_all
+from kvpress_prob.correction import corrected_flex as flex
 from kvpress_prob.correction import wrappers
 
 _WRAPPED = "_kvprob_wrapped"  # on a wrapper function: marks it as ours
@@ -81,7 +81,7 @@ def corrected_sdpa(
     # bfloat16 / float16) is not rounded to the query's dtype: q, k and v are upcast to the bias's
     # dtype and the output cast back, so the bias is added in float32 as bias_dtype="float32" promises
     # (tests/test_mask_dtype.py: against float64, where a bfloat16-rounded bias is measurably worse).
-    # On CUDA the fused route (``kvpress_prob.correction.flex``) adds it in float32 without any upcast copy.
+    # On CUDA the fused route (``kvpress_prob.correction.corrected_flex``) adds it in float32 without any upcast copy.
     dtype = torch.promote_types(query.dtype, bias.dtype)
     if dtype != query.dtype:
         query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
@@ -134,7 +134,7 @@ def own_length_mask(attention_mask: torch.Tensor | None, query: torch.Tensor, ke
 
 
 def corrected(query, key, value, bias, scaling, implementation: str | None = None) -> torch.Tensor:
-    """The corrected attention on its route: fused (FlexAttention, ``kvpress_prob.correction.flex``) on CUDA and
+    """The corrected attention on its route: fused (FlexAttention, ``kvpress_prob.correction.corrected_flex``) on CUDA and
     under a flash-attention implementation, else ``corrected_sdpa``."""
     if flex.use_fused(query, implementation):
         return flex.flex_corrected(query, key, value, bias, scaling)

@@ -1,6 +1,6 @@
 """Fused attention routes over a ``RaggedLayer``: one call per layer over all heads, on the layer's flat buffers.
 
-Each route computes what the portable route (``kvpress_prob.cache.attention.ragged_sdpa``) computes: query
+Each route computes what the portable route (``kvpress_prob.cache.ragged_attention.ragged_sdpa``) computes: query
 head h g + i (GQA: g query heads per KV head) attends to KV head h's region of the flat buffers,
 ``[c_h kept entries | t appended tokens]``, the forward's q new tokens last and causal among them, with the kept
 entries' bias where the layer stores one. They read the regions in place (the free slots after each region,
@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from kvpress_prob.cache.layout import RaggedContext
-from kvpress_prob.correction import flex
+from kvpress_prob.correction import corrected_flex as flex
 
 BLOCK = 128  # FlexAttention's default block of queries and of key slots
 

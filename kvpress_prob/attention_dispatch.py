@@ -1,5 +1,5 @@
 """transformers' attention functions (``ALL_ATTENTION_FUNCTIONS``), wrapped by this package: the correction's
-wrapper (``kvpress_prob.correction.attention``) and the ragged cache's (``kvpress_prob.cache.attention``) both
+wrapper (``kvpress_prob.correction.corrected_attention``) and the ragged cache's (``kvpress_prob.cache.ragged_attention``) both
 wrap every registered function through ``wrap_all``."""
 
 from __future__ import annotations
