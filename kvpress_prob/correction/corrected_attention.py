@@ -1,45 +1,31 @@
-"""The attention functions the correction runs in: transformers' ``ALL_ATTENTION_FUNCTIONS``, wrapped.
+"""The corrected attention: what a forward on a cache compressed by a SamplingPress computes, and the handler that
+runs it inside the attention functions (``kvpress_prob.attention_dispatch``, registered as "corrected" at import).
 
-Nothing is wrapped at import. ``install()`` wraps every entry present at the time it is called, on
-top of whatever is there (kvpress's own wrapper, which AdaKV needs, included); a wrapped entry is
-never wrapped twice. It is called when a SamplingPress is entered (``post_init_from_model``), when
-a correction bias is given (``correction.set_bias``) and before every forward that reads one
-(``correction``'s pre-hook), so an attention function registered after import, or after the
-eviction, is corrected too.
-
-At a prefill, a wrapped function first checks the kvpress wrappers hooked on the module
-(``wrappers.check_hooks``: one holding a SamplingPress it cannot run is refused). It runs the
-original unchanged unless the module's current forward carries a bias
-(``activate``d by ``kvpress_prob.correction.bias``'s pre-hook for a cache compressed by a SamplingPress)
-and is not a prefill; then it runs ``corrected`` (``corrected_sdpa`` on a CPU, FlexAttention on CUDA
-and under flash attention: ``kvpress_prob.correction.corrected_flex``): softmax(q k / sqrt(d) + bias) over [stored
-prefix | new tokens], the bias 0 on new tokens, which is
+At a prefill, the handler checks the kvpress wrappers hooked on the module (``wrappers.check_hooks``: one holding a
+SamplingPress it cannot run is refused) and answers nothing. It answers a forward that is not a prefill when the
+module's current forward carries a bias (``activate``d by ``kvpress_prob.correction.bias``'s pre-hook for a cache
+compressed by a SamplingPress) with ``corrected`` (``corrected_sdpa`` on a CPU, FlexAttention on CUDA and under flash
+attention: ``kvpress_prob.correction.corrected_flex``; the "corrected" route of ``attention_dispatch.set_route``):
+softmax(q k / sqrt(d) + bias) over [stored prefix | new tokens], the bias 0 on new tokens, which is
 
   out = [sum_kept w_i e^{s_i} v_i + sum_new e^{s_j} v_j] / [sum_kept w_i e^{s_i} + sum_new e^{s_j}]
 
 (self-normalised importance sampling). It builds its own mask from the layer's real key length (transformers
-builds the model's mask from layer 0's length, wrong here since layers differ): bias on the
-stored prefix, causal among the new tokens.
-
-A layer without a bias whose key length differs from layer 0's (a top-k cache stored as K and V only) runs
-the original function, with the model's mask refitted to its length (``own_length_mask``) where a forward of
-several new tokens needs one (a decoding step under sdpa or flash attention gets no mask at all).
+builds the model's mask from layer 0's length, wrong here since layers differ): bias on the stored prefix, causal
+among the new tokens. Every other forward runs the model's function (``attention_dispatch``: the mask refitted to
+the layer's length where a forward of several new tokens needs one).
 """
 
 from __future__ import annotations
 
-import functools
 import weakref
 
 import torch
 import torch.nn.functional as F
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from kvpress_prob.attention_dispatch import wrap_all
-from kvpress_prob.correction import corrected_flex as flex
-from kvpress_prob.correction import wrappers
+from kvpress_prob import attention_dispatch
+from kvpress_prob.correction import corrected_flex, wrappers
 
-_WRAPPED = "_kvprob_wrapped"  # on a wrapper function: marks it as ours
 _ACTIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # attention module -> bias of its running forward
 
 
@@ -111,77 +97,33 @@ def corrected_sdpa(
     return out.view(b, hq, q_len, d).transpose(1, 2).contiguous()
 
 
-def own_length_mask(attention_mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
-    """The model's 4-d mask (b or 1, 1, q, k0), built for layer 0's key length k0, refitted to this layer's k
-    keys (b, H_kv, k, d): unchanged where it fits (or is not 4-d: flash attention's is None without padding).
-    A compressed cache whose layers differ in length (a top-k press's, stored without a bias) needs it in a
-    forward of several new tokens: the q new tokens are the last q keys of every layer, so their block (the
-    mask's last q columns) is kept, and the k - q stored entries before them are all visible. A mask that
-    hides a stored entry (padding in a batch) cannot be refitted, and raises."""
-    if attention_mask is None or attention_mask.dim() != 4 or attention_mask.shape[-1] == key.shape[2]:
-        return attention_mask
-    q_len, k_len = query.shape[2], key.shape[2]
-    k0 = attention_mask.shape[-1]
-    new = attention_mask[..., k0 - q_len:]  # (b, 1, q, q): the new tokens' block
-    past = attention_mask[..., : k0 - q_len]
-    visible = past if past.dtype == torch.bool else past == 0
-    if not bool(visible.all()):
-        raise ValueError(
-            f"a layer holds {k_len} keys but the attention mask was built for {k0}, and it hides stored entries "
-            f"(padding): a cache whose layers differ in length decodes with batch size 1 and no padding")
-    fill = torch.ones((), dtype=torch.bool, device=new.device) if new.dtype == torch.bool else new.new_zeros(())
-    return torch.cat([fill.expand(*new.shape[:-1], k_len - q_len), new], dim=-1)
-
-
 def corrected(query, key, value, bias, scaling, implementation: str | None = None) -> torch.Tensor:
-    """The corrected attention on its route: fused (FlexAttention, ``kvpress_prob.correction.corrected_flex``) on CUDA and
-    under a flash-attention implementation, else ``corrected_sdpa``."""
-    if flex.use_fused(query, implementation):
-        return flex.flex_corrected(query, key, value, bias, scaling)
+    """The corrected attention on its route (``attention_dispatch.set_route(corrected=...)``): fused (FlexAttention,
+    ``kvpress_prob.correction.corrected_flex``) on CUDA and under a flash-attention implementation, else
+    ``corrected_sdpa``."""
+    if corrected_flex.use_fused(query, implementation):
+        return corrected_flex.flex_corrected(query, key, value, bias, scaling)
     return corrected_sdpa(query, key, value, bias, scaling)
 
 
-def wrap(func, name: str | None = None):
-    """Wrap one attention function (registered as ``name``) with the correction (idempotent)."""
-    if getattr(func, _WRAPPED, False):
-        return func
-
-    @functools.wraps(func)
-    def wrapper(module, query, key, value, attention_mask, *args, **kwargs):
-        bias = _ACTIVE.get(module)
-        if query.shape[2] == key.shape[2]:  # a prefill: refuse a wrapper that cannot run a SamplingPress
-            wrappers.check_hooks(module)
-        if bias is None or query.shape[2] == key.shape[2]:  # plain attention, or a prefill
-            return func(module, query, key, value, own_length_mask(attention_mask, query, key), *args, **kwargs)
-        if query.shape[0] != bias.shape[0]:
-            raise ValueError(
-                f"batch size {query.shape[0]} differs from the batch size {bias.shape[0]} the cache was compressed with"
-            )
-        return corrected(query, key, value, bias, kwargs.get("scaling"), name), None
-
-    setattr(wrapper, _WRAPPED, True)
-    return wrapper
-
-
-def install() -> None:
-    """Wrap every attention function transformers knows now (idempotent)."""
-    wrap_all(_WRAPPED, wrap)
-
-
-def ensure_installed(implementation: str) -> None:
-    """``install()`` unless the function registered as ``implementation`` is wrapped already: the one
-    check a forward needs (a dictionary look-up, not a pass over every function, at every step)."""
-    if not getattr(ALL_ATTENTION_FUNCTIONS[implementation], _WRAPPED, False):
-        install()
-
-
-def check_implementation(model) -> None:
-    """Raise if ``model``'s attention implementation is not one of ``ALL_ATTENTION_FUNCTIONS`` (eager
-    attention, whose function cannot be wrapped)."""
-    implementation = model.config._attn_implementation
-    if implementation not in ALL_ATTENTION_FUNCTIONS:
+def handle(module, query, key, value, attention_mask, **kwargs):
+    """The "corrected" handler of ``attention_dispatch`` (see the module): None at a prefill (after refusing a
+    wrapper that cannot run a SamplingPress) and where the module's forward carries no bias, else the corrected
+    attention and no weights."""
+    if query.shape[2] == key.shape[2]:
+        wrappers.check_hooks(module)
+        return None
+    bias = _ACTIVE.get(module)
+    if bias is None:
+        return None
+    if query.shape[0] != bias.shape[0]:
         raise ValueError(
-            f"SamplingPress needs an attention implementation from ALL_ATTENTION_FUNCTIONS "
-            f"{sorted(ALL_ATTENTION_FUNCTIONS.keys())}, got attn_implementation={implementation!r}: "
-            f"load the model with attn_implementation='sdpa'"
+            f"batch size {query.shape[0]} differs from the batch size {bias.shape[0]} the cache was compressed with"
         )
+    implementation = getattr(getattr(module, "config", None), "_attn_implementation", None)
+    return corrected(query, key, value, bias, kwargs.get("scaling"), implementation), None
+
+
+attention_dispatch.register("corrected", handle, priority=10)
+
+__all__ = ["activate", "active_bias", "corrected", "corrected_sdpa", "handle"]

@@ -24,10 +24,8 @@ from contextlib import contextmanager
 
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from kvpress_prob.cache import ragged_attention as ragged
-from kvpress_prob.cache import ragged_fused
-from kvpress_prob.correction import corrected_attention as attention
-from kvpress_prob.correction import corrected_flex as flex
+from kvpress_prob.cache import ragged_attention, ragged_fused
+from kvpress_prob.correction import corrected_attention, corrected_flex
 
 
 @contextmanager
@@ -46,7 +44,7 @@ def _spies(implementation: str, ran: list[str]):
 
     registered = ALL_ATTENTION_FUNCTIONS[implementation]
 
-    @functools.wraps(registered)  # keeps the correction's mark: the spy is not wrapped again
+    @functools.wraps(registered)  # keeps attention_dispatch's mark: the spy is not wrapped again
     def own(module, *args, **kwargs):
         masked = getattr(module, "masked_key_indices", None) is not None
         inside.append(f"{implementation} + kvpress masks" if masked else implementation)
@@ -55,8 +53,8 @@ def _spies(implementation: str, ran: list[str]):
         finally:
             ran.append(inside.pop())
 
-    spied = [(attention, "corrected_sdpa", "corrected sdpa"), (flex, "flex_corrected", "flex"),
-             (ragged, "ragged_sdpa", "ragged sdpa"), (ragged_fused, "flex_ragged", "ragged flex"),
+    spied = [(corrected_attention, "corrected_sdpa", "corrected sdpa"), (corrected_flex, "flex_corrected", "flex"),
+             (ragged_attention, "ragged_sdpa", "ragged sdpa"), (ragged_fused, "flex_ragged", "ragged flex"),
              (ragged_fused, "nested_ragged", "ragged nested"), (ragged_fused, "flash_ragged", "ragged flash")]
     originals = [getattr(module, attr) for module, attr, _ in spied]
     for (module, attr, name), func in zip(spied, originals):
