@@ -2,7 +2,7 @@
 
 Geh, Chen, Israel, Grover, Van den Broeck, "A Probabilistic Interpretation of KV Cache Eviction" (2026).
 
-Layers, bottom up: ``attention_functions``, ``correction``, ``cache`` and ``proposals``; ``samplers``; ``presses`` and
+Layers, bottom up: ``attention_dispatch``, ``correction``, ``cache`` and ``proposals``; ``samplers``; ``presses`` and
 ``decoding``; ``names``; ``integrations``. The public API is imported here.
 """
 

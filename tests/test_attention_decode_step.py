@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from conftest import random_ids, tiny_model
 from transformers import DynamicCache
 
-from kvpress_prob.correction import attention
+from kvpress_prob.correction import corrected_attention as attention
 from kvpress_prob.correction import bias as correction
 from kvpress_prob.decoding.press import SamplingDecodingPress
 from kvpress_prob.presses.sampling import language_model

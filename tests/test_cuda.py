@@ -145,8 +145,8 @@ def test_fused_and_sdpa_routes_on_cuda_match_float64(dtype, bias_dtype, q_len):
     which CUDA's memory-efficient kernel requires: issue 25) against the float64 reference."""
     from test_fused import TOL, case, reference
 
-    from kvpress_prob.correction import attention
-    from kvpress_prob.correction import flex
+    from kvpress_prob.correction import corrected_attention as attention
+    from kvpress_prob.correction import corrected_flex as flex
 
     query, key, value, bias = (x.cuda() for x in case(dtype, bias_dtype, q_len))
     want = reference(query.cpu(), key.cpu(), value.cpu(), bias.cpu())
@@ -162,13 +162,12 @@ def test_a_float32_bias_decodes_in_bfloat16_on_cuda(mode):
     on either route (the SDPA route used to hand the memory-efficient kernel a float32 mask)."""
     from transformers import DynamicCache
 
-    from kvpress_prob import SamplingPress
-    from kvpress_prob.correction import flex
+    from kvpress_prob import SamplingPress, attention_dispatch
 
     model = tiny_model("llama", dtype=torch.bfloat16).to("cuda")
     ids = random_ids(40).cuda()
     cache = DynamicCache()
-    flex.set_mode(mode)
+    previous = attention_dispatch.set_route(corrected=mode)
     try:
         with torch.no_grad():
             with SamplingPress(compression_ratio=0.5, bias_dtype="float32")(model):
@@ -177,7 +176,7 @@ def test_a_float32_bias_decodes_in_bfloat16_on_cuda(mode):
                 logits = model(ids[:, t:t + 1], past_key_values=cache, position_ids=torch.tensor([[t]], device="cuda")).logits
         assert torch.isfinite(logits).all()
     finally:
-        flex.set_mode("auto")
+        attention_dispatch.set_route(**previous)
 
 
 def test_the_fused_route_compiles_once_over_a_generation():
@@ -201,13 +200,15 @@ RAGGED_ROUTES = ["portable", "flex", "nested", "flash"]
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("q_len", [1, 6])
 def test_ragged_route_on_cuda_matches_float64(route, dtype, q_len):
-    """Every route over a ragged layer on CUDA (kvpress_prob/cache/attention.py, fused.py), chosen by
-    ``set_route``: fp32 within 1e-5 of the output's scale, bfloat16 within twice dense SDPA's error on the same
+    """Every route over a ragged layer on CUDA (kvpress_prob/cache/ragged_attention.py, ragged_fused.py), chosen by
+    ``attention_dispatch.set_route``: fp32 within 1e-5 of the output's scale, bfloat16 within twice dense SDPA's error on the same
     entries (as tests/test_ragged_attention.py and test_ragged_routes.py on a CPU), with a bias where the route
     serves one. The nested route serves decoding steps without a bias; the flash route needs flash_attn, no
     bias, a half dtype."""
     from test_ragged_attention import _case, _dense_inputs, _reference, inputs_as
-    from kvpress_prob.cache import attention, fused
+    from kvpress_prob import attention_dispatch
+    from kvpress_prob.cache import ragged_attention as attention
+    from kvpress_prob.cache import ragged_fused as fused
 
     if route == "flash" and not fused.flash_available():
         pytest.skip("the flash route needs the flash_attn package, not installed here")
@@ -216,12 +217,12 @@ def test_ragged_route_on_cuda_matches_float64(route, dtype, q_len):
     with_bias = route in ("portable", "flex")
     context, query, inputs = _case(q_len, 2, with_bias, dtype, seed=4, device="cuda")
     assert context.keys.device.type == "cuda"
+    previous = attention_dispatch.set_route(ragged=route)
     try:
-        attention.set_route(route)
         function = attention.choose(query.cuda())
         out = function(query.to("cuda", dtype), context).cpu().double()
     finally:
-        attention.set_route("auto")
+        attention_dispatch.set_route(**previous)
     reference = _reference(query.to(dtype), inputs_as(inputs, dtype))
     if dtype == torch.float32:
         assert (out - reference).abs().max() <= 1e-5 * reference.abs().max()
@@ -240,8 +241,7 @@ def test_auto_route_on_cuda_is_flex_and_decodes_a_ragged_press():
 
     from evaluation.bench.speed.route import route
     from evaluation.engine import press_prefill
-    from kvpress_prob import get_press
-    from kvpress_prob.cache import attention
+    from kvpress_prob import attention_dispatch, get_press
 
     model = tiny_model("llama", dtype=torch.bfloat16).to("cuda")
     cache = press_prefill(model, random_ids(96).cuda(), get_press("topk_kvzip_global", 0.5))
@@ -249,12 +249,12 @@ def test_auto_route_on_cuda_is_flex_and_decodes_a_ragged_press():
     logits = {}
     for name in ("auto", "portable"):
         step_cache, out = copy.deepcopy(cache), {}
-        attention.set_route(name)
+        previous = attention_dispatch.set_route(ragged=name)
         try:
             ran = route(model, lambda: out.update(logits=model(token, past_key_values=step_cache,
                                                                position_ids=position).logits.float()))
         finally:
-            attention.set_route("auto")
+            attention_dispatch.set_route(**previous)
         assert ran == ("ragged flex" if name == "auto" else "ragged sdpa")
         logits[name] = out["logits"]
     assert (logits["auto"] - logits["portable"]).abs().max() <= 3e-2 * logits["portable"].abs().max()

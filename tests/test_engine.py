@@ -12,7 +12,7 @@ from transformers import DynamicCache
 
 from evaluation.engine import Compressed, Prefill, generate_batch, plan, press_prefill, stack
 from kvpress_prob import SamplingPress, get_press
-from kvpress_prob.correction import attention
+from kvpress_prob.correction import corrected_attention as attention
 from kvpress_prob.correction import bias as correction
 from kvpress_prob.presses.prefill_plan import PrefillPlan
 from kvpress_prob.presses.sampling import language_model

@@ -1,4 +1,4 @@
-"""The fused corrected attention (FlexAttention, ``kvpress_prob.correction.flex``; issue 27 item 1) against a
+"""The fused corrected attention (FlexAttention, ``kvpress_prob.correction.corrected_flex``; issue 27 item 1) against a
 dense float64 reference, in float32 and bfloat16, with GQA, padding, several new tokens (causal among
 them) and a compounding bias; and its routing: CUDA and flash-attention models run it, FA2 keeps
 the prefill, one log line says so."""
@@ -10,11 +10,12 @@ import pytest
 import torch
 from conftest import random_ids, tiny_model
 from transformers import DynamicCache
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from kvpress_prob import SamplingPress
-from kvpress_prob.correction import attention
+from kvpress_prob import SamplingPress, attention_dispatch
+from kvpress_prob.correction import corrected_attention as attention
 from kvpress_prob.correction import bias as correction
-from kvpress_prob.correction import flex as fused
+from kvpress_prob.correction import corrected_flex as fused
 
 
 def reference(query, key, value, bias, scale=None):
@@ -81,15 +82,15 @@ def test_routing_by_device_implementation_and_mode():
     cpu = torch.zeros(1)
     assert not fused.use_fused(cpu, "sdpa")
     assert fused.use_fused(cpu, "flash_attention_2")
+    previous = attention_dispatch.set_route(corrected="fused")
     try:
-        fused.set_mode("fused")
         assert fused.use_fused(cpu, "sdpa")
-        fused.set_mode("sdpa")
+        attention_dispatch.set_route(corrected="sdpa")
         assert not fused.use_fused(cpu, "flash_attention_2")
     finally:
-        fused.set_mode("auto")
-    with pytest.raises(ValueError, match="mode must be one of"):
-        fused.set_mode("flash")
+        attention_dispatch.set_route(**previous)
+    with pytest.raises(ValueError, match="corrected must be one of"):
+        attention_dispatch.set_route(corrected="flash")
 
 
 def test_flash_attention_model_prefills_with_fa2_and_decodes_a_biased_cache_fused(monkeypatch, caplog):
@@ -97,7 +98,7 @@ def test_flash_attention_model_prefills_with_fa2_and_decodes_a_biased_cache_fuse
     installed here) runs the prefill; the decoding of the compressed cache runs the fused kernel,
     never FA2, and one log line says so; the logits equal the SDPA route's."""
     calls = {"fa2": 0, "fused": 0}
-    sdpa = attention.ALL_ATTENTION_FUNCTIONS["sdpa"]
+    sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
 
     def fake_fa2(module, query, key, value, attention_mask, *args, **kwargs):
         calls["fa2"] += 1
@@ -111,7 +112,7 @@ def test_flash_attention_model_prefills_with_fa2_and_decodes_a_biased_cache_fuse
         return original(*args, **kwargs)
 
     monkeypatch.setattr(fused, "flex_corrected", spy)
-    monkeypatch.setitem(attention.ALL_ATTENTION_FUNCTIONS, "flash_attention_2", attention.wrap(fake_fa2, "flash_attention_2"))
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "flash_attention_2", attention_dispatch.wrap(fake_fa2, "flash_attention_2"))
     monkeypatch.setattr(fused, "_SAID", set())
     model = tiny_model("llama")
     ids = random_ids(36, seed=4)

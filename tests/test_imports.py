@@ -95,7 +95,7 @@ PACKAGE_ORDER = ("kvpress_prob", "evaluation", "experiments")
 #: kvpress_prob's folders (and top-level modules) by level, bottom up: a module imports only from its own folder
 #: or a folder of a lower level; two folders of one level import nothing from each other. ``testing`` (the
 #: float64 reference) sits at the bottom: it imports none of the code it checks.
-LAYERS = {"models": 0, "attention_functions": 0, "proposals": 0, "testing": 0,
+LAYERS = {"models": 0, "attention_dispatch": 0, "flex_kernel": 0, "proposals": 0, "testing": 0,
           "correction": 1, "samplers": 1,
           "cache": 2,
           "presses": 3,
@@ -176,7 +176,7 @@ def test_no_package_imports_one_above_it():
 
 def test_the_package_layout():
     """At most 6 modules at the package's top level, no module over 450 lines, and each layer's ``__init__``
-    says in one line what the layer does (a layer that is one module, ``models``, ``attention_functions``, has none)."""
+    says in one line what the layer does (a layer that is one module, ``models``, ``attention_dispatch``, ``flex_kernel``, has none)."""
     package = ROOT / "kvpress_prob"
     assert len(list(package.glob("*.py"))) <= 6
     long = {str(p.relative_to(ROOT)): n for p in package.rglob("*.py") if (n := len(p.read_text().splitlines())) > 450}

@@ -14,7 +14,7 @@ from transformers import DynamicCache
 
 from evaluation.engine import Compressed, generate_batch
 from kvpress_prob import SamplingPress
-from kvpress_prob.correction import attention
+from kvpress_prob.correction import corrected_attention as attention
 from kvpress_prob.correction import bias as correction
 from kvpress_prob.decoding.press import SamplingDecodingPress
 from kvpress_prob.presses.sampling import language_model
@@ -131,7 +131,7 @@ def test_a_float32_bias_beside_bfloat16_keeps_float32_precision():
     reference = dense(q[0, 0, 0], k[0, 0], v[0, 0], torch.cat([bias[0, 0].double(), torch.zeros(1, dtype=torch.float64)]))
     rounded = dense(q[0, 0, 0], k[0, 0], v[0, 0], torch.cat([bias[0, 0].bfloat16().double(), torch.zeros(1, dtype=torch.float64)]))
     ours = attention.corrected_sdpa(q, k, v, bias, None)[0, 0, 0]
-    from kvpress_prob.correction import flex
+    from kvpress_prob.correction import corrected_flex as flex
 
     theirs = flex.flex_corrected(q, k, v, bias, None)[0, 0, 0]
     assert ours.dtype == theirs.dtype == torch.bfloat16

@@ -10,7 +10,10 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from evaluation.engine import press_prefill
-from kvpress_prob.correction import attention, bias as correction, flex
+from kvpress_prob import attention_dispatch
+from kvpress_prob.correction import bias as correction
+from kvpress_prob.correction import corrected_attention as attention
+from kvpress_prob.correction import corrected_flex as flex
 from kvpress_prob.names.registry import get_press
 from kvpress_prob.presses import kvzip_scoring
 from kvpress_prob.presses.allocations import allocation_keep, evict_keep
@@ -129,8 +132,8 @@ def test_a_sampled_press_keeps_its_bias():
 def test_a_padded_mask_cannot_be_refitted():
     query, key = torch.zeros(1, 4, 3, 16), torch.zeros(1, 2, 10, 16)
     mask = torch.ones(1, 1, 3, 8, dtype=torch.bool).tril(diagonal=5)
-    refit = attention.own_length_mask(mask, query, key)
+    refit = attention_dispatch.own_length_mask(mask, query, key)
     assert refit.shape == (1, 1, 3, 10) and refit[..., :7].all() and torch.equal(refit[..., 7:], mask[..., 5:])
     mask[..., 0] = False  # a padded stored entry
     with pytest.raises(ValueError, match="padding"):
-        attention.own_length_mask(mask, query, key)
+        attention_dispatch.own_length_mask(mask, query, key)

@@ -13,7 +13,7 @@ from evaluation.bench.speed.route import route, routes
 from evaluation.engine import press_prefill
 from evaluation.report import price
 from evaluation.report.press_info import price_line
-from kvpress_prob.correction import flex
+from kvpress_prob import attention_dispatch
 from kvpress_prob.names.registry import get_press
 from tests.conftest import random_ids, tiny_model
 
@@ -93,11 +93,11 @@ def test_the_spy_names_the_function_that_decodes():
     assert routes(model, _step(model, plain, n)) == ["sdpa"] * 3  # one per layer
     biased = press_prefill(model, ids, get_press("prob_snapkv", 0.5))
     assert route(model, _step(model, biased, n)) == "corrected sdpa"
-    flex.set_mode("fused")
+    previous = attention_dispatch.set_route(corrected="fused")
     try:
         assert route(model, _step(model, biased, n + 1)) == "flex"
     finally:
-        flex.set_mode("auto")
+        attention_dispatch.set_route(**previous)
     assert route(model, _step(model, plain, n + 1)) == "sdpa"  # the spies are gone: nothing left behind
 
 

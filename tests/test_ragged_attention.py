@@ -1,4 +1,4 @@
-"""The ragged route's attention (kvpress_prob/cache/attention.py) against a float64 attention with explicit per-head
+"""The ragged route's attention (kvpress_prob/cache/ragged_attention.py) against a float64 attention with explicit per-head
 masks, on random tensors: fp32 within 1e-5 of the output's scale; bf16 and fp16 no further from the reference than
 twice dense SDPA's error on the same entries in the same dtype; one decoding step and several new tokens, with and
 without a bias."""
@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from kvpress_prob.cache import evict_ragged
-from kvpress_prob.cache.attention import ragged_sdpa
+from kvpress_prob.cache.ragged_attention import ragged_sdpa
 
 H, G, D, N = 2, 3, 16, 40  # KV heads, query heads per KV head, head dim, context length
 

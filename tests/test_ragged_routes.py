@@ -1,4 +1,4 @@
-"""The fused routes over a ragged layer (kvpress_prob/cache/fused.py) on a CPU, against the float64 attention with
+"""The fused routes over a ragged layer (kvpress_prob/cache/ragged_fused.py) on a CPU, against the float64 attention with
 explicit per-head masks of tests/test_ragged_attention.py and against the portable route: FlexAttention (eager
 here) and SDPA on nested jagged tensors; flash-attn's varlen layout through a float64 implementation of
 ``flash_attn_varlen_func``'s documented semantics; the block mask's lists cover every visible slot; the choice of
@@ -14,7 +14,10 @@ from conftest import tiny_model
 from test_ragged_attention import _case, _dense_sdpa, _reference, inputs_as
 from transformers import DynamicCache
 
-from kvpress_prob.cache import attention, evict_ragged, fused
+from kvpress_prob import attention_dispatch
+from kvpress_prob.cache import evict_ragged
+from kvpress_prob.cache import ragged_attention as attention
+from kvpress_prob.cache import ragged_fused as fused
 
 FLEX_CASES = [(1, 0, False), (1, 3, True), (5, 0, False), (7, 2, True)]  # (q_len, earlier tokens, with a bias)
 
@@ -182,21 +185,31 @@ def test_flash_refuses_a_bias_or_float32(monkeypatch):
         fused.flash_ragged(query, context)
 
 
-def test_choose_a_route(monkeypatch):
+@pytest.fixture
+def routes_restored():
+    previous = attention_dispatch.set_route()
+    yield
+    attention_dispatch.set_route(**previous)
+
+
+def test_choose_a_route(routes_restored):
     query = torch.zeros(1, 6, 1, 16)
-    monkeypatch.setattr(attention, "_ROUTE", ["auto"])
+    attention_dispatch.set_route(ragged="auto")
     assert attention.choose(query) is attention.ragged_sdpa  # auto on a CPU: the portable route
     for name, func in (("portable", attention.ragged_sdpa), ("flex", fused.flex_ragged), ("nested", fused.nested_ragged)):
-        attention.set_route(name)
-        assert attention.route() == name and attention.choose(query) is func
-    attention.set_route("flash")
+        attention_dispatch.set_route(ragged=name)
+        assert attention_dispatch.route("ragged") == name and attention.choose(query) is func
+    attention_dispatch.set_route(ragged="flash")
     with pytest.raises(RuntimeError, match="CUDA device and the flash_attn package"):
         attention.choose(query)
-    with pytest.raises(ValueError, match="route must be one of"):
-        attention.set_route("fast")
+    with pytest.raises(ValueError, match="ragged must be one of"):
+        attention_dispatch.set_route(ragged="fast")
+    with pytest.raises(ValueError, match="corrected must be one of"):
+        attention_dispatch.set_route(corrected="flash", ragged="portable")
+    assert attention_dispatch.route("ragged") == "flash"  # a refused call changes neither route
 
 
-def test_the_set_route_decodes_a_model(monkeypatch):
+def test_the_set_route_decodes_a_model(routes_restored):
     """The wrapper runs the route set: one decoding step per route over the same kept entries, spied."""
     from evaluation.bench.speed.route import route
 
@@ -210,7 +223,7 @@ def test_the_set_route_decodes_a_model(monkeypatch):
             for i, layer in enumerate(list(cache.layers)):
                 keep = torch.rand(layer.keys.shape[:3], generator=torch.Generator().manual_seed(i)) < 0.6
                 evict_ragged(cache, i, keep)
-            monkeypatch.setattr(attention, "_ROUTE", [name])
+            attention_dispatch.set_route(ragged=name)
             out = {}
             ran = route(model, lambda: out.update(logits=model(ids[:, :1], past_key_values=cache,
                                                                 position_ids=torch.tensor([[24]])).logits))

@@ -14,7 +14,7 @@ from evaluation.engine import Prefill
 from evaluation.engine.runner import configurations
 from kvpress_prob import get_press
 from kvpress_prob.correction import bias as correction
-from kvpress_prob.correction.attention import corrected_sdpa
+from kvpress_prob.correction.corrected_attention import corrected_sdpa
 from kvpress_prob.presses.sampling import SamplingPress
 from kvpress_prob.proposals.base import ScoreProposal
 from kvpress_prob.samplers.threshold import ThresholdSampler

@@ -79,19 +79,21 @@ RANDOM_MODELS = {
 }
 
 
-def load(model_name: str | None):
+def load(model_name: str | None, dtype: str | None = None):
     """(model, tokenizer) through ``kvpress_prob.load_model`` (None / 'embedded' = SmolLM2-135M), or a seeded
     random model of ``RANDOM_MODELS`` with the embedded tokenizer (its config names the embedded folder, from
-    which KVzip loads the tokenizer)."""
+    which KVzip loads the tokenizer); ``dtype`` ("float32", "bfloat16", ...; None: the device's default)."""
     from kvpress_prob import load_model
 
+    wanted = None if dtype is None else getattr(torch, dtype)
     if model_name not in RANDOM_MODELS:
-        return load_model(model_name)
+        return load_model(model_name, dtype=wanted)
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     from kvpress_prob.models import default_device_dtype, embedded_model_path
 
     device, dtype = default_device_dtype()
+    dtype = wanted or dtype
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_path())
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=len(tokenizer), attn_implementation="sdpa", bos_token_id=tokenizer.bos_token_id,

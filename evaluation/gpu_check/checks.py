@@ -24,10 +24,10 @@ from transformers import DynamicCache
 
 from evaluation.bench import common
 from evaluation.bench.speed.route import route
-from kvpress_prob.cache import attention as ragged
-from kvpress_prob.correction import attention
+from kvpress_prob import attention_dispatch
+from kvpress_prob.cache import ragged_attention
 from kvpress_prob.correction import bias as correction
-from kvpress_prob.correction import flex as fused
+from kvpress_prob.correction import corrected_attention, corrected_flex
 from kvpress_prob.proposals import precision
 from kvpress_prob.proposals.attention import attention_mass
 
@@ -59,7 +59,7 @@ def accuracy(hq: int, hkv: int, d: int, n: int, device, seed: int = 0) -> dict:
     bias[..., n - n // 8:] = correction.padding(torch.float32)  # padding at the end of every head
     want = _dense(query, key, value, bias)
     out = {}
-    for route, fn in (("fused", fused.flex_corrected), ("sdpa", attention.corrected_sdpa)):
+    for route, fn in (("fused", corrected_flex.flex_corrected), ("sdpa", corrected_attention.corrected_sdpa)):
         got = fn(query, key, value, bias, None)
         error = float((got.double() - want).abs().max())
         out[f"corrected_{route}_bf16_max_error"] = {"value": error, "tolerance": BF16_TOL, "ok": error <= BF16_TOL}
@@ -103,7 +103,7 @@ def _ragged_reference(query, keys, values, keep, bias, new_k, new_v, dtype):
 def _ragged_refusal(route: str, query: torch.Tensor, with_bias: bool) -> str | None:
     """Why ``route`` does not serve a forward of ``query`` (with a bias or not), as its docstring says; None if
     it does."""
-    from kvpress_prob.cache import fused as ragged_fused
+    from kvpress_prob.cache import ragged_fused
 
     if route == "nested" and (query.shape[2] > 1 or with_bias):
         return "the nested route serves decoding steps without a bias"
@@ -115,7 +115,7 @@ def _ragged_refusal(route: str, query: torch.Tensor, with_bias: bool) -> str | N
 
 
 def ragged_accuracy(hq: int, hkv: int, d: int, n: int, device, seed: int = 0) -> dict:
-    """Max |error| against float64 of every route over a ragged layer (``kvpress_prob.cache.attention.ROUTES``),
+    """Max |error| against float64 of every route over a ragged layer (``attention_dispatch.ROUTES["ragged"]``),
     bf16: a decoding step, and 8 new tokens without and with a float32 bias; each within twice dense SDPA's error
     on the same entries, or the reason the route does not serve that forward."""
     from kvpress_prob.cache import evict_ragged
@@ -138,16 +138,16 @@ def ragged_accuracy(hq: int, hkv: int, d: int, n: int, device, seed: int = 0) ->
         want, dense = _ragged_reference(query, as_stored(keys), as_stored(values), keep, bias, as_stored(new_k),
                                         as_stored(new_v), dtype)
         tolerance = 2 * float((dense - want).abs().max())
-        for name in ragged.ROUTES[1:]:
+        for name in attention_dispatch.ROUTES["ragged"][1:]:
             key = f"ragged_{name}_q{q_len}{'_bias' if with_bias else ''}_bf16_max_error"
             if reason := _ragged_refusal(name, query, with_bias):
                 out[key] = {"skipped": reason}
                 continue
+            previous = attention_dispatch.set_route(ragged=name)
             try:
-                ragged.set_route(name)
-                got = ragged.choose(query)(query, context, None)
+                got = ragged_attention.choose(query)(query, context, None)
             finally:
-                ragged.set_route("auto")
+                attention_dispatch.set_route(**previous)
             error = float((got.double() - want).abs().max())
             out[key] = {"value": error, "tolerance": tolerance, "ok": error <= tolerance}
     return out
@@ -197,8 +197,8 @@ def plain_copy(cache) -> DynamicCache:
 
 @torch.no_grad()
 def decode(model, variants: dict, n: int, steps: int, warmup: int = 2) -> dict:
-    """Decode ``variants`` (name -> (cache, attn_implementation, fused mode, ragged route): the correction's
-    ``flex.set_mode`` and a ragged cache's ``kvpress_prob.cache.attention.set_route``) in lockstep, one token
+    """Decode ``variants`` (name -> (cache, attn_implementation, corrected route, ragged route): the two routes of
+    ``kvpress_prob.attention_dispatch.set_route``) in lockstep, one token
     per step at position n + i; returns name -> {median_step_ms, steps, route}: ``route``, the attention
     function that ran the first (untimed) step, seen by the spy (``warmup`` >= 1)."""
     if warmup < 1:
@@ -206,13 +206,12 @@ def decode(model, variants: dict, n: int, steps: int, warmup: int = 2) -> dict:
     times = {name: [] for name in variants}
     routes = {}
     token = torch.tensor([[5]], device=model.device)
-    previous = model.config._attn_implementation
+    previous, previous_routes = model.config._attn_implementation, attention_dispatch.set_route()
     try:
         for i in range(warmup + steps):
             for name, (cache, implementation, mode, ragged_route) in variants.items():
                 model.set_attn_implementation(implementation)
-                fused.set_mode(mode)
-                ragged.set_route(ragged_route)
+                attention_dispatch.set_route(corrected=mode, ragged=ragged_route)
                 position = torch.tensor([[n + i]], device=model.device)
                 step = lambda: model(input_ids=token, past_key_values=cache, position_ids=position)  # noqa: E731
                 if i == 0:
@@ -223,8 +222,7 @@ def decode(model, variants: dict, n: int, steps: int, warmup: int = 2) -> dict:
                 if i >= warmup:
                     times[name].append(watch.wall)
     finally:
-        fused.set_mode("auto")
-        ragged.set_route("auto")
+        attention_dispatch.set_route(**previous_routes)
         model.set_attn_implementation(previous)
     return {name: {"median_step_ms": 1e3 * statistics.median(t), "steps": len(t), "route": routes[name]}
             for name, t in times.items()}
@@ -245,7 +243,7 @@ def compilations(model, cache, n: int, steps: int) -> dict:
     counters.clear()
     token = torch.tensor([[5]], device=model.device)
     routes = []
-    fused.set_mode("fused")
+    previous = attention_dispatch.set_route(corrected="fused")
     try:
         for i in range(steps):
             position = torch.tensor([[n + i]], device=model.device)
@@ -254,6 +252,6 @@ def compilations(model, cache, n: int, steps: int) -> dict:
                 input_ids=token, past_key_values=cache, position_ids=position).logits)))
             token = out["logits"][:, -1:].argmax(-1)
     finally:
-        fused.set_mode("auto")
+        attention_dispatch.set_route(**previous)
     return {"steps": steps, "graphs": int(counters["stats"]["unique_graphs"]), "frames": int(counters["frames"]["ok"]),
             "routes": sorted(set(routes)), "compiled": torch.device(model.device).type == "cuda"}

@@ -101,8 +101,7 @@ def run_pytest(budget: Budget) -> dict:
 def main(argv=None) -> dict:
     from evaluation.bench.speed import price
     from evaluation.gpu_check import checks, models
-    from kvpress_prob.correction import attention
-    from kvpress_prob.correction import flex as fused
+    from kvpress_prob import attention_dispatch
     from kvpress_prob.names.registry import RECOMMENDED
 
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -200,23 +199,23 @@ def main(argv=None) -> dict:
     (out / "gpu-check.md").write_text(markdown(report))
     (out / "price.jsonl").write_text("".join(json.dumps(row, default=str) + "\n" for row in rows["price"]))
     print(f"[gpu-check] wrote {out}/gpu-check.json, gpu-check.md and price.jsonl in {report['elapsed_s']:.0f} s")
-    attention.install()
-    fused.set_mode("auto")
+    attention_dispatch.install()
+    attention_dispatch.set_route(ragged="auto", corrected="auto")
     return report
 
 
 def ragged_routes(device: str) -> list[str]:
     """The routes that decode a ragged cache without a bias on ``device``: the portable route, FlexAttention, the
     nested route, and flash-attn's varlen where it is installed and the device is CUDA."""
-    from kvpress_prob.cache import fused as ragged_fused
+    from kvpress_prob.cache import ragged_fused
 
     return ["portable", "flex", "nested"] + (["flash"] if device == "cuda" and ragged_fused.flash_available() else [])
 
 
 def ragged_decode_rows(model: str, n: int, timed: dict, device: str) -> list[dict]:
     """One row per route of ``RAGGED``'s decode step over snapkv's plain step (the same lockstep decode);
-    ``auto``: the route ``set_route("auto")`` runs on ``device``."""
-    from kvpress_prob.cache.attention import auto_route
+    ``auto``: the route ``attention_dispatch.set_route(ragged="auto")`` runs on ``device``."""
+    from kvpress_prob.cache.ragged_attention import auto_route
 
     auto = auto_route(device)
     snapkv = timed["snapkv, plain sdpa"]["median_step_ms"]
@@ -235,8 +234,7 @@ def checks_copy_with_bias(cache):
 def kernel_names(checks, model, cache, implementation, mode, route, n, device) -> list[str]:
     import copy
 
-    from kvpress_prob.cache import attention as ragged
-    from kvpress_prob.correction import flex as fused
+    from kvpress_prob import attention_dispatch
 
     cache = copy.deepcopy(cache)
     previous = model.config._attn_implementation
@@ -245,14 +243,12 @@ def kernel_names(checks, model, cache, implementation, mode, route, n, device) -
     def step():
         model(input_ids=token, past_key_values=cache, position_ids=torch.tensor([[n + 100]], device=device))
 
+    previous_routes = attention_dispatch.set_route(corrected=mode, ragged=route)
     try:
         model.set_attn_implementation(implementation)
-        fused.set_mode(mode)
-        ragged.set_route(route)
         with torch.no_grad():
             step()  # warm (a compiled kernel is built outside the profile)
             return checks.kernels(step, device)
     finally:
-        fused.set_mode("auto")
-        ragged.set_route("auto")
+        attention_dispatch.set_route(**previous_routes)
         model.set_attn_implementation(previous)

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from kvpress_prob.cache import attention
-from kvpress_prob.cache.ragged import RaggedLayer
+from kvpress_prob import attention_dispatch
+from kvpress_prob.cache.ragged import RaggedLayer, refuse_sliding
 
 
 class FoldedLayer(RaggedLayer):
@@ -73,6 +73,7 @@ def fold(cache, layer_idx: int, keys: torch.Tensor, values: torch.Tensor, keep: 
     (1, H, n, d) where ``keep`` (1, H, n) bool is True, in their order, with ``bias`` (1, H, n) there (None, or
     0 at every kept entry: none stored). ``prompt`` (1, H, n) bool marks the entries before ``prompt_length``;
     each head's kept ones among them must come first. ``context_length``: the logical length now."""
+    refuse_sliding(cache.layers[layer_idx], layer_idx)
     k = keep[0]
     prompt_kept = (k & prompt[0]).sum(-1)
     lengths = k.sum(-1)
@@ -85,7 +86,7 @@ def fold(cache, layer_idx: int, keys: torch.Tensor, values: torch.Tensor, keep: 
     layer = FoldedLayer(keys[0][k], values[0][k], lengths.tolist(), context_length, flat_bias, prompt_length,
                         prompt_kept.tolist())
     cache.layers[layer_idx] = layer
-    attention.install()  # the route that reads it, wrapped around every attention function
+    attention_dispatch.install()  # the one wrapper of every attention function, whose "ragged" handler reads it
     return layer
 
 

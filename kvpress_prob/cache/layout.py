@@ -38,9 +38,9 @@ class RaggedKeys(torch.Tensor):
             return super().__torch_function__(func, types, args, kwargs)
         raise RuntimeError(
             f"{getattr(func, '__name__', func)} on the keys or values of a RaggedLayer: each KV head holds its own "
-            "entries, read by the ragged attention route (kvpress_prob.cache.attention), which wraps the functions "
-            "of transformers' ALL_ATTENTION_FUNCTIONS: load the model with attn_implementation='sdpa' (not "
-            "'eager'), or call kvpress_prob.cache.attention.install() after registering a new attention function")
+            "entries, read by the ragged attention route (kvpress_prob.cache.ragged_attention) inside the wrapped "
+            "functions of transformers' ALL_ATTENTION_FUNCTIONS: load the model with attn_implementation='sdpa' (not "
+            "'eager'), or call kvpress_prob.attention_dispatch.install() after registering a new attention function")
 
 
 __all__ = ["RaggedContext", "RaggedKeys"]

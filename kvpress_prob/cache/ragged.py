@@ -26,10 +26,11 @@ view raises; ``head``, ``tail`` and ``padded`` read the entries.
 
 ``update()`` appends and returns ``RaggedKeys`` placeholders of the logical shape (1, H, n + t, d) (no
 memory: one element, expanded) carrying the layer's ``RaggedContext``: only the ragged attention route
-(``kvpress_prob.cache.attention``, wrapped around every function of ``ALL_ATTENTION_FUNCTIONS`` when a layer
-is built) reads them, so an attention function that does not know the layout (eager attention) raises
-instead of attending to the wrong entries. Batch size 1; beam search, cropping into the context, offloading
-and batch reshaping are refused with an error naming the operation.
+(``kvpress_prob.cache.ragged_attention``, a handler of ``kvpress_prob.attention_dispatch``'s one wrapper of
+``ALL_ATTENTION_FUNCTIONS``, installed when a layer is built) reads them, so an attention function that does not
+know the layout (eager attention) raises instead of attending to the wrong entries. Batch size 1; beam search,
+cropping into the context, offloading and batch reshaping are refused with an error naming the operation, and so is
+a sliding-window layer (``refuse_sliding``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ import torch
 from transformers import QuantizedCache
 from transformers.cache_utils import CacheLayerMixin
 
-from kvpress_prob.cache import attention
+from kvpress_prob import attention_dispatch
+from kvpress_prob.cache import ragged_attention  # noqa: F401  registers the "ragged" handler that reads the layer
 from kvpress_prob.cache.layout import RaggedContext, RaggedKeys
 
 MIN_SLOTS = 32  # free slots per head given at the first append (then the tail's length, doubling)
@@ -335,6 +337,7 @@ def evict_ragged(cache, layer_idx: int, keep: torch.Tensor, bias: torch.Tensor |
     layer = layers[layer_idx]
     if isinstance(layer, RaggedLayer):
         raise ValueError(f"layer {layer_idx} is already a RaggedLayer: evict_ragged reads a dense layer")
+    refuse_sliding(layer, layer_idx)
     keys, values = layer.keys, layer.values
     check_evictable(cache, keys.shape[0] if isinstance(keys, torch.Tensor) and keys.dim() == 4 else 1, "evict_ragged")
     if not isinstance(keys, torch.Tensor) or keys.dim() != 4 or keys.shape[0] != 1:
@@ -356,7 +359,7 @@ def evict_ragged(cache, layer_idx: int, keep: torch.Tensor, bias: torch.Tensor |
         flat_bias = None if flat_bias is None else flat_bias.to(device)
     ragged = RaggedLayer(flat_keys, flat_values, k.sum(-1).tolist(), keys.shape[2], flat_bias)
     layers[layer_idx] = ragged
-    attention.install()  # the route that reads it, wrapped around every attention function
+    attention_dispatch.install()  # the one wrapper of every attention function, whose "ragged" handler reads it
     return ragged
 
 
@@ -371,5 +374,14 @@ def evict_layers(cache, keep: torch.Tensor, bias: torch.Tensor | None = None,
     return [evict_ragged(cache, idx, keep[i], None if bias is None else bias[i]) for i, idx in enumerate(layers)]
 
 
+def refuse_sliding(layer, layer_idx: int) -> None:
+    """Raise if ``layer`` is a sliding-window layer (``layer.is_sliding``, transformers' ``DynamicSlidingWindowLayer``):
+    a ragged layer keeps entries at any position and its route attends to all of them, so the window would be lost."""
+    if getattr(layer, "is_sliding", False):
+        raise ValueError(f"layer {layer_idx} is a sliding-window layer ({type(layer).__name__}, is_sliding=True): a "
+                         "ragged layer attends to every kept entry and cannot keep a window; evict only full-attention "
+                         "layers (the model's config.layer_types), or keep this model's cache dense")
+
+
 __all__ = ["LogicalView", "RaggedContext", "RaggedKeys", "RaggedLayer", "check_evictable", "evict_layers",
-           "evict_ragged", "storage_bytes"]  # the layout's two re-exported
+           "evict_ragged", "refuse_sliding", "storage_bytes"]  # the layout's two re-exported

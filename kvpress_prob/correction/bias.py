@@ -3,7 +3,7 @@
 After eviction each layer of the compressed cache carries a bias of shape (b, H_kv, S): the
 log-weight / T of each stored prefix entry (T the press's temperature) (S = the layer's largest kept count), and the dtype's
 most negative finite value on padding. Every later forward on that cache reads it through the wrapped
-attention functions (``kvpress_prob.correction.attention.corrected_sdpa``: self-normalised importance sampling
+attention functions (``kvpress_prob.correction.corrected_attention.corrected_sdpa``: self-normalised importance sampling
 as an additive logit bias).
 
 Lifetime: the bias belongs to the one compressed cache, and lives on its layer objects (it is
@@ -22,8 +22,9 @@ without a cache): when the last such cache is freed (``weakref.finalize``) they 
 the module carries nothing of ours. The module's state (hook handles, the cache it last ran on) is
 kept here, in a dictionary weakly keyed by the module, never as attributes on the model.
 
-The attention functions themselves are wrapped by ``kvpress_prob.correction.attention`` (on entry of a press,
-whenever a bias is given and before a forward that reads one; never at import). The state is read
+The attention functions themselves are wrapped by ``kvpress_prob.attention_dispatch`` (on entry of a press,
+whenever a bias is given and before a forward that reads one; never at import); its "corrected" handler
+(``kvpress_prob.correction.corrected_attention``) reads the bias. The state is read
 and written only through ``set_bias``, ``store``, ``bias_of``, ``held_by`` and ``reset``.
 
 A top-k eviction (weight 1 everywhere) that leaves a layer without padding stores no bias (``store``):
@@ -38,7 +39,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from kvpress_prob.correction import attention
+from kvpress_prob import attention_dispatch
+from kvpress_prob.correction import corrected_attention
 
 _BIAS = "_kvprob_bias"  # on a cache layer: its (b, H_kv, S) bias (the only attribute of ours, and not on the model)
 
@@ -115,7 +117,7 @@ def _release(module_ref: weakref.ref, key: int) -> None:
 
 
 def _detach_if_unused(module: torch.nn.Module, state: _State) -> None:
-    if not state.holders and state.pending is None and attention.active_bias(module) is None:
+    if not state.holders and state.pending is None and corrected_attention.active_bias(module) is None:
         for handle in state.handles:
             handle.remove()
         del _STATES[module]
@@ -128,7 +130,7 @@ def set_bias(module: torch.nn.Module, bias: torch.Tensor | None, cache=None) -> 
     if bias is None:
         reset(module)
         return
-    attention.install()
+    attention_dispatch.install()
     if cache is None:
         _attach(module).pending = bias
         return
@@ -146,9 +148,9 @@ def store(module: torch.nn.Module, bias: torch.Tensor, cache) -> int:
     """What an eviction stores for layer ``module.layer_idx`` of ``cache``: its bias (b, H_kv, S) through
     ``set_bias``, unless every entry of it is 0 (weight 1 on every stored entry, no padding). Then the layer
     holds its keys and values only, any bias it held is dropped, and it decodes through the model's own
-    attention function (``kvpress_prob.correction.attention`` builds the mask of its own length where the
+    attention function (``kvpress_prob.attention_dispatch`` refits the mask to its own length where the
     model's, built from layer 0's, does not fit). Returns the bytes stored for the bias (0 when none)."""
-    attention.install()
+    attention_dispatch.install()
     if bool((bias == 0).all()):
         layer = _layer(cache, module.layer_idx)
         if layer is not None and hasattr(layer, _BIAS):
@@ -191,7 +193,7 @@ def _before_forward(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
     state = _STATES.get(module)
     if state is None:
         return None
-    attention.activate(module, None)
+    corrected_attention.activate(module, None)
     cache = kwargs.get("past_key_values")
     layer = _layer(cache, module.layer_idx)
     if cache is not None and (state.current is None or state.current() is not cache):
@@ -215,13 +217,13 @@ def _before_forward(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
             f"the attention functions of ALL_ATTENTION_FUNCTIONS, but attn_implementation={implementation!r}: "
             f"call model.set_attn_implementation('sdpa') before decoding"
         )
-    attention.ensure_installed(implementation)  # one registered since the bias was given is wrapped too
-    attention.activate(module, bias)
+    attention_dispatch.ensure_installed(implementation)  # one registered since the bias was given is wrapped too
+    corrected_attention.activate(module, bias)
     return None
 
 
 def _after_forward(module: torch.nn.Module, args: tuple, output) -> None:
-    attention.activate(module, None)
+    corrected_attention.activate(module, None)
     state = _STATES.get(module)
     if state is not None:
         _detach_if_unused(module, state)

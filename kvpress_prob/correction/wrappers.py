@@ -12,7 +12,7 @@ changing kvpress's classes: the forward hooks registered on the attention module
 fields of those presses down to itself. It checks them
 
 - at the start of every prefill's attention (``check_hooks``, called by the attention functions
-  ``kvpress_prob.correction.attention`` wraps, which entering a press installs): the presses hooked on that
+  ``kvpress_prob.correction.corrected_attention`` wraps, which entering a press installs): the presses hooked on that
   module are searched for a SamplingPress, so even a wrapper that never calls the press during the
   prefill (``DecodingPress``) is refused before the first layer's attention runs. Nothing is armed
   or registered for it: it reads only the hooks the wrapper itself registered, so nothing of ours

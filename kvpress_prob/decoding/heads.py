@@ -63,7 +63,7 @@ class HeadBudgetDecodingPress(SamplingDecodingPress):
     press corrects and samples, their compounded SNIS log-weights: Geh et al., "A Probabilistic Interpretation
     of KV Cache Eviction", 2026). The tokens decoded since the last round are folded into the heads' regions,
     candidates like any other entry; between rounds they are appended to every head and attended through the
-    ragged attention route (``kvpress_prob.cache.attention``). With ``TopKSampler`` the kept set is AdaKV's top.
+    ragged attention route (``kvpress_prob.cache.ragged_attention``). With ``TopKSampler`` the kept set is AdaKV's top.
 
     A round runs when a layer holds more than ``H * target_size`` entries in all (else it is skipped, counted
     in ``stats["skipped"]``). It reads the layer once as a padded copy (never held). Batch size 1; a

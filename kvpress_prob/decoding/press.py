@@ -15,7 +15,8 @@ from kvpress.presses.base_press import is_prefilling
 from kvpress.presses.scorer_press import ScorerPress
 from torch import nn
 
-from kvpress_prob.correction import attention
+from kvpress_prob import attention_dispatch
+from kvpress_prob.correction import corrected_attention  # noqa: F401  registers the "corrected" handler
 from kvpress_prob.correction import bias as correction
 from kvpress_prob.decoding import rounds
 from kvpress_prob.proposals.attention import rope_queries
@@ -198,8 +199,8 @@ class SamplingDecodingPress(DecodingPress):
             self.base_press.post_init_from_model(model)
         self.stats = {"rounds": 0, "skipped": 0, "stored": {}, "bytes_bias": {}}
         if self.correct:
-            attention.check_implementation(model)
-        attention.install()
+            attention_dispatch.check_implementation(model, "SamplingDecodingPress")
+        attention_dispatch.install()
 
     @torch.no_grad()
     def forward_hook(self, module: nn.Module, input: list, kwargs: dict, output: list):

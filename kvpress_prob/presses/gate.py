@@ -21,7 +21,7 @@ import torch
 from kvpress.presses.base_press import BasePress, is_prefilling
 from torch import nn
 
-from kvpress_prob.correction import attention
+from kvpress_prob import attention_dispatch
 from kvpress_prob.presses import gate_training
 from kvpress_prob.presses.allocations import allocation_keep, evict_keep
 from kvpress_prob.presses.sampling import hooked_layers, language_model
@@ -68,7 +68,7 @@ class GatePress(BasePress):
 
     def post_init_from_model(self, model):
         """Check the attention implementation, and ready one gate per layer of ``model``."""
-        attention.check_implementation(model)
+        attention_dispatch.check_implementation(model, type(self).__name__)
         self._layers = hooked_layers(model)
         self._attention = [layer.self_attn for layer in language_model(model).layers]
         if self._layers != [m.layer_idx for m in self._attention]:

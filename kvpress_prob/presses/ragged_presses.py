@@ -49,7 +49,7 @@ class RaggedSamplingPress(SamplingPress):
     ``bias_dtype``); nothing is padded. The draw's expected kept count is kvpress's count
     ``compute_n_kept(n, r)`` per head over the budget's scope (``per_head.kvpress_count_ratio``), snapkv's count
     of entries, where ``SamplingPress`` expects (1 - r) n (up to one entry more per head). Decoding runs through
-    the ragged attention route (``kvpress_prob.cache.attention``).
+    the ragged attention route (``kvpress_prob.cache.ragged_attention``).
 
     Parameters
     ----------

@@ -10,7 +10,8 @@ from kvpress.presses.base_press import BasePress, is_prefilling
 from torch import nn
 from transformers import Cache, Gemma3ForConditionalGeneration, PreTrainedModel, QuantizedCache
 
-from kvpress_prob.correction import attention
+from kvpress_prob import attention_dispatch
+from kvpress_prob.correction import corrected_attention  # noqa: F401  registers the "corrected" handler
 from kvpress_prob.correction import bias as correction
 from kvpress_prob.presses import prefill_modes
 from kvpress_prob.presses.prefill_plan import PrefillPlan
@@ -48,7 +49,8 @@ class SamplingPress(BasePress):
     ``prefilling_press`` it runs as alone; every other wrapper (``wrappers.REFUSED`` and any unknown
     one) is refused with the alternative to use, before its first prefill evicts or skips anything
     (``kvpress_prob.correction.wrappers``; README table). Importing this package changes no kvpress class and no
-    attention function: entering the press wraps the attention functions (``kvpress_prob.correction.attention``).
+    attention function: entering the press wraps the attention functions (``kvpress_prob.attention_dispatch``, whose
+    "corrected" handler is ``kvpress_prob.correction.corrected_attention``).
 
     The kept count is random for a random design ("soft" budget): its expectation is
     (1 - compression_ratio) * n per head on average over the budget's scope, its realisation is in
@@ -133,8 +135,8 @@ class SamplingPress(BasePress):
         nothing on the model."""
         self._layers = hooked_layers(model)
         self._pending = {}
-        attention.check_implementation(model)
-        attention.install()
+        attention_dispatch.check_implementation(model, "SamplingPress")
+        attention_dispatch.install()
         if isinstance(self.proposal, ScoreProposal):
             self.proposal_at_ratio.scorer.post_init_from_model(model)
 
@@ -314,7 +316,7 @@ class SamplingPress(BasePress):
         ``last_draw``); fills ``stats``."""
         if not proposals:
             raise ValueError("evict needs the proposal of at least one layer")
-        attention.install()
+        attention_dispatch.install()
         modules = sorted(proposals, key=lambda module: module.layer_idx)
         device = proposals[modules[0]].device  # layers may sit on several devices: draw on the first one's
         pi = torch.stack([proposals[module].to(device) for module in modules]).double()  # (L, b, H_kv, n)

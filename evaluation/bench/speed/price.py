@@ -68,7 +68,7 @@ def run_here(model, ids, presses: list[str], ratio: float, repeats: int, decode_
 
 def run(presses: list[str], repeats: int, log=print, **spec) -> pd.DataFrame:
     """One row per press and round (``price_one.measure``'s). ``presses`` must include ``REFERENCE_PRESS``;
-    ``spec``: ratio, length, model, threads, decode_steps, warmup_steps."""
+    ``spec``: ratio, length, model, threads, decode_steps, warmup_steps, dtype."""
     if REFERENCE_PRESS not in presses:
         raise ValueError(f"presses must include {REFERENCE_PRESS!r}, whose figures every ratio divides by")
     if spec["warmup_steps"] < 1:
@@ -164,6 +164,8 @@ def parser() -> argparse.ArgumentParser:
                         f"{REFERENCE_PRESS} is added when missing")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     p.add_argument("--model", default=None, help="HF id or local path (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="the model's dtype (default: float32 on a CPU, bfloat16 on CUDA)")
     p.add_argument("--out", default="results/bench/price", help="output folder (default results/bench/price)")
     return p
 
@@ -181,7 +183,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
             get_press(name, args.ratio)  # an unknown name fails before any process starts
     start, load_start = time.time(), common.loadavg()
     raw = run(presses, args.repeats, ratio=args.ratio, length=args.length, model=args.model, threads=args.threads,
-              decode_steps=args.decode_steps, warmup_steps=args.warmup_steps)
+              decode_steps=args.decode_steps, warmup_steps=args.warmup_steps, dtype=args.dtype)
     meta = {"model": args.model or "embedded SmolLM2-135M-Instruct", "device": raw.device.iloc[0],
             "dtype": raw.dtype.iloc[0], "threads": args.threads, "n": args.length, "ratio": args.ratio,
             "decode_steps": args.decode_steps, "command": "python -m evaluation.bench price " + shlex.join(argv),

@@ -52,9 +52,9 @@ def _step(model, cache, token: torch.Tensor, position: int) -> None:
 
 def measure(spec: dict) -> dict:
     """The row of one press and round in this process (see the module); ``spec``: name, round, ratio, length,
-    model, threads, decode_steps, warmup_steps."""
+    model, threads, decode_steps, warmup_steps, and optionally dtype."""
     torch.set_num_threads(spec["threads"])
-    model, tokenizer = common.load(spec["model"])
+    model, tokenizer = common.load(spec["model"], spec.get("dtype"))
     ids = common.context_ids(tokenizer, spec["length"], device=model.device)
     return price_row(model, ids, spec["name"], spec["round"], spec["ratio"], spec["decode_steps"], spec["warmup_steps"])
 

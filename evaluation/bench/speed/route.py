@@ -5,11 +5,11 @@ what computed it:
 
 - the function registered as the model's attention implementation (``ALL_ATTENTION_FUNCTIONS[impl]``),
   entered by every layer, named by ``impl`` ("sdpa", "flash_attention_2", ...): the model's own kernel;
-- ``kvpress_prob.correction.attention.corrected_sdpa``: "corrected sdpa" (a dense float mask holding the bias);
-- ``kvpress_prob.correction.flex.flex_corrected``: "flex" (FlexAttention, the bias in a ``score_mod``;
+- ``kvpress_prob.correction.corrected_attention.corrected_sdpa``: "corrected sdpa" (a dense float mask holding the bias);
+- ``kvpress_prob.correction.corrected_flex.flex_corrected``: "flex" (FlexAttention, the bias in a ``score_mod``;
   compiled on CUDA, eager on a CPU);
-- ``kvpress_prob.cache.attention.ragged_sdpa``: "ragged sdpa" (a ragged cache's portable route: one SDPA per KV
-  head); ``kvpress_prob.cache.fused``'s ``flex_ragged``, ``nested_ragged``, ``flash_ragged``: "ragged flex",
+- ``kvpress_prob.cache.ragged_attention.ragged_sdpa``: "ragged sdpa" (a ragged cache's portable route: one SDPA per KV
+  head); ``kvpress_prob.cache.ragged_fused``'s ``flex_ragged``, ``nested_ragged``, ``flash_ragged``: "ragged flex",
   "ragged nested", "ragged flash" (its fused routes: one call per layer).
 
 A layer whose module carries kvpress's ``masked_key_indices`` (AdaKV, KVzip's masks) is named
@@ -24,9 +24,8 @@ from contextlib import contextmanager
 
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from kvpress_prob.cache import attention as ragged
-from kvpress_prob.cache import fused as ragged_fused
-from kvpress_prob.correction import attention, flex
+from kvpress_prob.cache import ragged_attention, ragged_fused
+from kvpress_prob.correction import corrected_attention, corrected_flex
 
 
 @contextmanager
@@ -45,7 +44,7 @@ def _spies(implementation: str, ran: list[str]):
 
     registered = ALL_ATTENTION_FUNCTIONS[implementation]
 
-    @functools.wraps(registered)  # keeps the correction's mark: the spy is not wrapped again
+    @functools.wraps(registered)  # keeps attention_dispatch's mark: the spy is not wrapped again
     def own(module, *args, **kwargs):
         masked = getattr(module, "masked_key_indices", None) is not None
         inside.append(f"{implementation} + kvpress masks" if masked else implementation)
@@ -54,8 +53,8 @@ def _spies(implementation: str, ran: list[str]):
         finally:
             ran.append(inside.pop())
 
-    spied = [(attention, "corrected_sdpa", "corrected sdpa"), (flex, "flex_corrected", "flex"),
-             (ragged, "ragged_sdpa", "ragged sdpa"), (ragged_fused, "flex_ragged", "ragged flex"),
+    spied = [(corrected_attention, "corrected_sdpa", "corrected sdpa"), (corrected_flex, "flex_corrected", "flex"),
+             (ragged_attention, "ragged_sdpa", "ragged sdpa"), (ragged_fused, "flex_ragged", "ragged flex"),
              (ragged_fused, "nested_ragged", "ragged nested"), (ragged_fused, "flash_ragged", "ragged flash")]
     originals = [getattr(module, attr) for module, attr, _ in spied]
     for (module, attr, name), func in zip(spied, originals):

@@ -1,6 +1,6 @@
 """Fused attention routes over a ``RaggedLayer``: one call per layer over all heads, on the layer's flat buffers.
 
-Each route computes what the portable route (``kvpress_prob.cache.attention.ragged_sdpa``) computes: query
+Each route computes what the portable route (``kvpress_prob.cache.ragged_attention.ragged_sdpa``) computes: query
 head h g + i (GQA: g query heads per KV head) attends to KV head h's region of the flat buffers,
 ``[c_h kept entries | t appended tokens]``, the forward's q new tokens last and causal among them, with the kept
 entries' bias where the layer stores one. They read the regions in place (the free slots after each region,
@@ -10,7 +10,7 @@ left for later tokens, are skipped), so nothing of the layer's size is copied.
   (``enable_gqa`` with one KV head). A block mask lists, per query head and block of 128 queries, the blocks of
   128 slots its region spans; its ``mask_mod`` cuts each region's ends and the causal part, and a ``score_mod``
   adds the bias in float32 (float64 for a float64 query). Every forward: q = 1 or q > 1, with or without a bias,
-  any dtype. Compiled on CUDA (the correction's ``torch.compile(..., dynamic=True)``: M and q vary), eager on a
+  any dtype. Through ``kvpress_prob.flex_kernel.run``: compiled on CUDA (``dynamic=True``: M and q vary), eager on a
   CPU (an unfused computation of the same formula over every slot, in float32 as the CPU's SDPA accumulates,
   used by the tests; a copy of the layer, so not a route to decode with on a CPU).
 - ``nested_ragged``: ``scaled_dot_product_attention`` on nested jagged tensors (``torch.nested``,
@@ -29,13 +29,12 @@ left for later tokens, are skipped), so nothing of the layer's size is copied.
 from __future__ import annotations
 
 import functools
-import warnings
 
 import torch
 import torch.nn.functional as F
 
+from kvpress_prob import flex_kernel
 from kvpress_prob.cache.layout import RaggedContext
-from kvpress_prob.correction import flex
 
 BLOCK = 128  # FlexAttention's default block of queries and of key slots
 
@@ -91,8 +90,6 @@ def block_mask(context: RaggedContext, hq: int, q_len: int, device):
 def flex_ragged(query: torch.Tensor, context: RaggedContext, scaling: float | None = None) -> torch.Tensor:
     """Attention of ``query`` (1, H_q, q, d) over ``context`` through FlexAttention (see the module). Returns
     (1, q, H_q, d)."""
-    from torch.nn.attention.flex_attention import flex_attention
-
     _, g, q_len, _ = forward_shape(query, context)
     keys, values = context.keys[None, None], context.values[None, None]  # (1, 1, M, d) views
     mask = block_mask(context, query.shape[1], q_len, query.device)
@@ -104,14 +101,7 @@ def flex_ragged(query: torch.Tensor, context: RaggedContext, scaling: float | No
         def score_mod(score, b, h, qi, ki):
             return score + bias[ki]
 
-    kwargs = dict(score_mod=score_mod, block_mask=mask, scale=scaling, enable_gqa=True)
-    if query.is_cuda:
-        out = flex.compiled()(query, keys, values, **kwargs)
-    else:  # eager, in float32: torch's eager FlexAttention would round the weights to a half dtype before P V
-        work = torch.float64 if query.dtype == torch.float64 else torch.float32
-        with warnings.catch_warnings():  # eager on a CPU is meant: the tests' route
-            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-            out = flex_attention(query.to(work), keys.to(work), values.to(work), **kwargs).to(query.dtype)
+    out = flex_kernel.run(query, keys, values, score_mod=score_mod, block_mask=mask, scale=scaling, enable_gqa=True)
     return out.transpose(1, 2)  # (1, q, H_q, d)
 
 
@@ -162,7 +152,7 @@ def flash_available() -> bool:
 
 def flash_ragged(query: torch.Tensor, context: RaggedContext, scaling: float | None = None) -> torch.Tensor:
     """Attention of ``query`` (1, H_q, q, d) over ``context`` (no bias; fp16 or bf16) through flash_attn's
-    ``flash_attn_varlen_func`` (see the module; it runs on CUDA: ``attention.choose`` checks). Returns
+    ``flash_attn_varlen_func`` (see the module; it runs on CUDA: ``ragged_attention.choose`` checks). Returns
     (1, q, H_q, d)."""
     H, g, q_len, d = forward_shape(query, context)
     if context.bias is not None or query.dtype not in (torch.float16, torch.bfloat16):
