@@ -114,11 +114,11 @@ def test_trainer_is_deterministic_and_names_its_gate_by_its_settings(tmp_path, m
     assert record["tokens"] == 2 * (48 - max(settings.n_sink, labels[0][1]))
 
     path, meta = tr.fit(model, contexts, "two", settings, progress=False)
-    assert path == gs.gate_dir(model) / f"{gs.gate_name('two', settings)}.pt" and "steps12-batch32" in path.name
+    assert path == af.model_dir(model) / f"{gs.gate_name('two', settings)}.safetensors" and "steps12-batch32" in path.name
     assert meta["corpus"] == "two" and meta["contexts"] == 2
     loaded = gs.load_gates(path)
     assert all(torch.equal(a.q_proj.weight, b.q_proj.weight) for a, b in zip(loaded, first))  # same data, same gate
-    assert tr.fit(model, contexts, "two", settings)[0] == path and len(list(path.parent.glob("*.pt"))) == 1
+    assert tr.fit(model, contexts, "two", settings)[0] == path and len(list(path.parent.glob("*.safetensors"))) == 1
     with pytest.raises(ValueError, match="other contexts"):  # one name, one corpus
         tr.fit(model, contexts[:1], "two", settings)
     for dtype in (torch.bfloat16, torch.float16):  # the same model in the dtypes users run: the same gate

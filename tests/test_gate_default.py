@@ -56,8 +56,8 @@ def test_a_gate_is_read_once_per_process(tmp_path, monkeypatch):
     monkeypatch.setenv("KVPROB_CACHE", str(tmp_path))
     path, _ = tr.fit(model, [random_ids(40, seed=1)], "one", gs.TrainSettings(steps=3, batch_size=16), progress=False)
     reads = []
-    monkeypatch.setattr(gs, "load_gates", lambda p: reads.append(p) or gs.gates_from_state_dicts(
-        torch.load(p, weights_only=True)["module"]))
+    read_gates = gs.read_gates
+    monkeypatch.setattr(gs, "read_gates", lambda p: reads.append(p) or read_gates(p))
     for ratio in (0.5, 0.75, 0.5):
         with get_press("topk_gate_layers", ratio, gate=path.stem)(model):
             model.model(input_ids=random_ids(32, seed=2))
@@ -67,7 +67,7 @@ def test_a_gate_is_read_once_per_process(tmp_path, monkeypatch):
 def train_gate_args(**given) -> argparse.Namespace:
     """``kvprob train-gate``'s arguments, small: 2 prose contexts of 64 tokens, no RULER, one held out."""
     args = dict(model=None, context=64, prose_texts=2, ruler_texts=0, heldout_texts=1, steps=4, batch_size=32, seed=0,
-                set_default=True, out=None)
+                set_default=True, package=False, out=None)
     return argparse.Namespace(**(args | given))
 
 

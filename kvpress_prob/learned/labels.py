@@ -2,7 +2,7 @@
 
 The labels of a context are ``KVzipSampledPress``'s scores (kvpress's reconstruction pass, max attention over the
 repeat), (L, H, n) float32, cached per context (sha256 of its ids) under the model's folder
-(``gate_store.gate_dir``), so every learned artefact of the model reads the same labels. The inputs are each
+(``artefacts.model_dir``), so every learned artefact of the model reads the same labels. The inputs are each
 layer's attention input from one plain prefill of the context (not cached: one forward).
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from kvpress_prob.presses.gate_store import gate_dir
+from kvpress_prob.presses.artefacts import model_dir
 from kvpress_prob.presses.kvzip import KVzipSampledPress
 from kvpress_prob.presses.sampling import language_model
 
@@ -36,8 +36,8 @@ class _LabelPress(KVzipSampledPress):
 @torch.no_grad()
 def kvzip_labels(model, ids: torch.Tensor, folder: Path | None = None) -> tuple[torch.Tensor, int]:
     """KVzip's scores (L, H, n) float32 of context ``ids`` (1, n) and the first position it scores; cached in
-    ``folder`` (default ``gate_dir(model) / "labels"``) by the ids' digest."""
-    folder = Path(folder) if folder is not None else gate_dir(model) / "labels"
+    ``folder`` (default ``artefacts.model_dir(model) / "labels"``) by the ids' digest."""
+    folder = Path(folder) if folder is not None else model_dir(model) / "labels"
     path = folder / f"{ids_digest(ids)}.pt"
     if path.exists():
         saved = torch.load(path, weights_only=True)

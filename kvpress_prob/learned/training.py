@@ -29,8 +29,9 @@ from kvpress.presses.fastkvzip_press import FastKVzipGate
 from tqdm.auto import tqdm
 
 from kvpress_prob.learned.labels import attention_inputs, ids_digest, kvzip_labels
+from kvpress_prob.presses import artefacts
 from kvpress_prob.presses.allocations import allocation_keep
-from kvpress_prob.presses.gate_store import TrainSettings, gate_name, gate_path, save_gates
+from kvpress_prob.presses.gate_store import VERSION, TrainSettings, gate_name, gate_path, save_gates
 
 
 @contextmanager
@@ -104,30 +105,32 @@ def gate_scores(gates: list[FastKVzipGate], inputs: torch.Tensor) -> torch.Tenso
     return torch.stack([g(inputs[i].to(g.q_proj.weight.dtype))[0].float() for i, g in enumerate(gates)])
 
 
-def _pinned(scores: torch.Tensor, n_sink: int) -> torch.Tensor:
-    scores = scores.clone()[:, None]  # (L, 1, H, n)
-    scores[..., :n_sink] = scores.amax() + 1.0
-    return scores
+def widest_keep(scores: torch.Tensor, ratio: float, n_sink: int = 4) -> torch.Tensor:
+    """The kept set (L, H, n) bool of scores (L, H, n) under the widest allocation at ``ratio``, with the first
+    ``n_sink`` positions pinned above every score (as a gate press pins them)."""
+    pinned = scores.clone()[:, None]  # (L, 1, H, n)
+    pinned[..., :n_sink] = pinned.amax() + 1.0
+    return allocation_keep(pinned, ratio, "widest")[:, 0]
 
 
 def kept_recall(gate: torch.Tensor, kvzip: torch.Tensor, ratio: float, n_sink: int = 4) -> tuple[int, int]:
     """(entries of KVzip's kept set the gate also keeps, entries of KVzip's kept set), both under the widest
     allocation at ``ratio`` with the first ``n_sink`` positions pinned; ``gate`` and ``kvzip`` are (L, H, n)."""
-    keep_gate = allocation_keep(_pinned(gate, n_sink), ratio, "widest")
-    keep_kvzip = allocation_keep(_pinned(kvzip, n_sink), ratio, "widest")
+    keep_gate, keep_kvzip = widest_keep(gate, ratio, n_sink), widest_keep(kvzip, ratio, n_sink)
     return int((keep_gate & keep_kvzip).sum()), int(keep_kvzip.sum())
 
 
 def fit(model, contexts: list[torch.Tensor], corpus: str, settings: TrainSettings | None = None,
-        progress: bool = True) -> tuple[Path, dict]:
+        progress: bool = True, command: str | None = None) -> tuple[Path, dict]:
     """Labels (cached), inputs and training on ``contexts`` (a list of (1, n) ids), the corpus named ``corpus``;
     the gate is written to ``gate_path(model, gate_name(corpus, settings))`` unless it is there already
-    (``settings`` None: ``TrainSettings()``). Returns its path and the record (label and training seconds)."""
+    (``settings`` None: ``TrainSettings()``), its metadata naming the model (``model_key``, ``shapes``), the
+    corpus, the settings and ``command`` (the command that trains it). Returns its path and its metadata."""
     settings = TrainSettings() if settings is None else settings
     path = gate_path(model, gate_name(corpus, settings))
     digests = [ids_digest(c) for c in contexts]
     if path.exists():
-        meta = torch.load(path, weights_only=True)["meta"]
+        meta = artefacts.read_meta(path)
         if meta.get("context_digests", digests) != digests:
             raise ValueError(f"the gate {path.name} was trained on other contexts than the corpus {corpus!r} gives "
                              f"now: name the corpus by what defines it")
@@ -137,10 +140,12 @@ def fit(model, contexts: list[torch.Tensor], corpus: str, settings: TrainSetting
     label_s = time.perf_counter() - t0
     inputs = [attention_inputs(model, ids) for ids in contexts]
     gates, record = train_gates(model, inputs, labels, settings, progress)
-    meta = {"corpus": corpus, "contexts": len(contexts), "context_digests": digests, "label_seconds": label_s,
-            **record, "settings": asdict(settings)}
+    meta = {"model_key": artefacts.model_key(model), "model": Path(str(model.config.name_or_path)).name,
+            "shapes": artefacts.shapes(model), "version": VERSION, "corpus": corpus, "contexts": len(contexts),
+            "context_digests": digests, "label_seconds": label_s, **record, "settings": asdict(settings),
+            "command": command}
     save_gates(gates, path, meta)
     return path, meta
 
 
-__all__ = ["fit", "gate_scores", "kept_recall", "new_gates", "train_gates"]
+__all__ = ["fit", "gate_scores", "kept_recall", "new_gates", "train_gates", "widest_keep"]

@@ -11,6 +11,7 @@ name loads. After training, the gate's kept set is compared on the held-out cont
 widest allocation (``learned.training.kept_recall``).
 
     kvprob train-gate --set-default                 # the embedded model: 20 prose + 10 RULER, 4 held-out contexts
+    kvprob train-gate --package                     # the same, and its 16-bit copy into the package's files
     kvprob train-gate --model Qwen/Qwen3-4B         # any model (labels and training on its device)
 """
 
@@ -81,7 +82,19 @@ def add_parser(add, positive_int, model_option) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the gate's initialisation and minibatches")
     p.add_argument("--set-default", action="store_true",
                    help="make this gate the model's default: what a gate press built by name loads")
+    p.add_argument("--package", action="store_true",
+                   help="write the gate's 16-bit copy into the package's files (kvpress_prob/learned/artefacts/), "
+                        "checked on the held-out contexts: what ships for the embedded model")
     p.add_argument("--out", default=None, help="JSON record of the run (unset: print only)")
+
+
+def command(args) -> str:
+    """The command that trains the gate ``args`` name: every setting spelled out."""
+    words = ["python -m evaluation train-gate"] + ([f"--model {args.model}"] if args.model else []) + [
+        f"--context {args.context}", f"--prose-texts {args.prose_texts}", f"--ruler-texts {args.ruler_texts}",
+        f"--heldout-texts {args.heldout_texts}", f"--seed {args.seed}"]
+    words += [f"--{k.replace('_', '-')} {getattr(args, k)}" for k in ("steps", "batch_size") if getattr(args, k)]
+    return " ".join(words)
 
 
 def cmd_train_gate(args, load) -> dict:
@@ -102,9 +115,14 @@ def cmd_train_gate(args, load) -> dict:
     corpus = corpus_name(args.context, args.prose_texts, args.ruler_texts)
     fit, heldout, held_essays = contexts(tokenizer, args.context, args.prose_texts, args.ruler_texts,
                                          args.heldout_texts)
-    path, meta = tr.fit(model, fit, corpus, settings)
+    path, meta = tr.fit(model, fit, corpus, settings, command=command(args))
     if args.set_default:
         gs.set_default(model, path.stem)
+    if args.package:
+        from kvpress_prob.learned.package import package_gate
+
+        packaged, check = package_gate(model, path, heldout, f"{command(args)} --package")
+        print(f"package copy: {packaged} (kept share of the float32 gate's: {check['kept_share']})")
     gates = gs.load_gates(path)
     t0 = time.perf_counter()
     counts = {r: [0, 0] for r in RATIOS}
