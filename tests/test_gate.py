@@ -1,6 +1,6 @@
-"""Fast KVzip's gates (kvpress_prob/presses/gate.py, gate_training.py): kvpress's FastKVzipPress scores, the widest
-allocation's kept set with real eviction at kvpress's count, compression under model.generate, a deterministic
-trainer cached outside the repository, and refusals."""
+"""Fast KVzip's gates (kvpress_prob/presses/gate.py, gate_store.py, kvpress_prob/learned/): kvpress's
+FastKVzipPress scores, the widest allocation's kept set with real eviction at kvpress's count, compression under
+model.generate, a deterministic trainer cached outside the repository, and refusals."""
 
 import copy
 
@@ -10,10 +10,13 @@ from kvpress.presses.fastkvzip_press import FastKVzipGate, FastKVzipPress
 from kvpress.utils import compute_n_kept
 from transformers import DynamicCache
 
+from kvpress_prob.learned import labels as lb
+from kvpress_prob.learned import training as tr
 from kvpress_prob.names.registry import get_press
-from kvpress_prob.presses import gate_training as gt
-from kvpress_prob.presses.gate import GatePress
+from kvpress_prob.presses import artefacts as af
+from kvpress_prob.presses import gate_store as gs
 from kvpress_prob.presses.allocations import allocation_keep
+from kvpress_prob.presses.gate import GatePress
 from kvpress_prob.presses.sampling import language_model
 from tests.conftest import random_ids, tiny_model
 
@@ -71,8 +74,8 @@ def test_widest_kept_set_and_kvpress_count_under_generate(dtype):
     model, n, ratio = tiny_model("llama", dtype=dtype), 80, 0.75
     ids = random_ids(n, seed=7)
     gates = random_gates(model)
-    inputs = gt.attention_inputs(model, ids)  # the reference: the gates on an independent plain prefill
-    expected = allocation_keep(GatePress(gates=gates).pinned(gt.gate_scores(gates, inputs)[:, None]), ratio, "widest")
+    inputs = lb.attention_inputs(model, ids)  # the reference: the gates on an independent plain prefill
+    expected = allocation_keep(GatePress(gates=gates).pinned(tr.gate_scores(gates, inputs)[:, None]), ratio, "widest")
     press = GatePress(compression_ratio=ratio, gates=gates)
     seen = []
     handle = language_model(model).layers[1].self_attn.register_forward_pre_hook(
@@ -97,30 +100,30 @@ def test_trainer_is_deterministic_and_names_its_gate_by_its_settings(tmp_path, m
     model = tiny_model("llama", layers=2)
     monkeypatch.setenv("KVPROB_CACHE", str(tmp_path))  # after the model: its tokenizer stays where it was converted
     contexts = [random_ids(48, seed=s) for s in (1, 2)]
-    settings = gt.TrainSettings(steps=12, batch_size=32)
-    labels = [gt.kvzip_labels(model, c) for c in contexts]
+    settings = gs.TrainSettings(steps=12, batch_size=32)
+    labels = [lb.kvzip_labels(model, c) for c in contexts]
     assert all(s.shape == (2, 2, 48) and 0 <= s.min() and s.max() <= 1 for s, _ in labels)
-    inputs = [gt.attention_inputs(model, c) for c in contexts]
-    first, record = gt.train_gates(model, inputs, labels, settings)
-    second, _ = gt.train_gates(model, inputs, labels, settings)
+    inputs = [lb.attention_inputs(model, c) for c in contexts]
+    first, record = tr.train_gates(model, inputs, labels, settings)
+    second, _ = tr.train_gates(model, inputs, labels, settings)
     for a, b in zip(first, second):
         for (k, va), vb in zip(a.state_dict().items(), b.state_dict().values()):
             assert torch.equal(va, vb), k
-    fresh = gt.new_gates(model, settings)
+    fresh = tr.new_gates(model, settings)
     assert any(not torch.equal(a.q_proj.weight, f.q_proj.weight) for a, f in zip(first, fresh))  # it trained
     assert record["tokens"] == 2 * (48 - max(settings.n_sink, labels[0][1]))
 
-    path, meta = gt.fit(model, contexts, "two", settings, progress=False)
-    assert path == gt.gate_dir(model) / f"{gt.gate_name('two', settings)}.pt" and "steps12-batch32" in path.name
+    path, meta = tr.fit(model, contexts, "two", settings, progress=False)
+    assert path == af.model_dir(model) / f"{gs.gate_name('two', settings)}.safetensors" and "steps12-batch32" in path.name
     assert meta["corpus"] == "two" and meta["contexts"] == 2
-    loaded = gt.load_gates(path)
+    loaded = gs.load_gates(path)
     assert all(torch.equal(a.q_proj.weight, b.q_proj.weight) for a, b in zip(loaded, first))  # same data, same gate
-    assert gt.fit(model, contexts, "two", settings)[0] == path and len(list(path.parent.glob("*.pt"))) == 1
+    assert tr.fit(model, contexts, "two", settings)[0] == path and len(list(path.parent.glob("*.safetensors"))) == 1
     with pytest.raises(ValueError, match="other contexts"):  # one name, one corpus
-        gt.fit(model, contexts[:1], "two", settings)
+        tr.fit(model, contexts[:1], "two", settings)
     for dtype in (torch.bfloat16, torch.float16):  # the same model in the dtypes users run: the same gate
         cast = copy.deepcopy(model).to(dtype)
-        assert gt.model_key(cast) == gt.model_key(model)
+        assert af.model_key(cast) == af.model_key(model)
         with torch.no_grad(), GatePress(compression_ratio=0.5, gate=path.stem)(cast):
             cast.model(input_ids=contexts[0], past_key_values=DynamicCache())
 
@@ -128,9 +131,9 @@ def test_trainer_is_deterministic_and_names_its_gate_by_its_settings(tmp_path, m
 def test_kept_recall_counts_the_intersection():
     torch.manual_seed(0)
     scores = torch.rand(3, 2, 50)
-    both, kept = gt.kept_recall(scores, scores, 0.75)
+    both, kept = tr.kept_recall(scores, scores, 0.75)
     assert both == kept > 0
-    both, kept = gt.kept_recall(-scores, scores, 0.75)  # the reversed ranking keeps only the pinned sinks in common
+    both, kept = tr.kept_recall(-scores, scores, 0.75)  # the reversed ranking keeps only the pinned sinks in common
     assert both <= 3 * 2 * 4 < kept
 
 

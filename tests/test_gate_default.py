@@ -10,8 +10,9 @@ from kvpress.utils import compute_n_kept
 
 from evaluation.tasks.prose.gate import cmd_train_gate
 from kvpress_prob.integrations.kvpress_eval import register
+from kvpress_prob.learned import training as tr
 from kvpress_prob.names.registry import RECOMMENDED_FAST, get_press
-from kvpress_prob.presses import gate_training as gt
+from kvpress_prob.presses import gate_store as gs
 from tests.conftest import random_ids, tiny_model
 from tests.test_kvpress_eval import evaluate_setup_press
 
@@ -26,37 +27,37 @@ def test_a_gate_is_found_by_its_settings_never_by_its_age(tmp_path, monkeypatch)
     model = tiny_model("llama", layers=2)
     monkeypatch.setenv("KVPROB_CACHE", str(tmp_path))  # after the model: its tokenizer stays where it was converted
     contexts = [random_ids(48, seed=s) for s in (1, 2)]
-    default, _ = gt.fit(model, contexts, gt.DEFAULT_CORPUS, gt.TrainSettings(batch_size=64), progress=False)
-    short, _ = gt.fit(model, contexts, gt.DEFAULT_CORPUS, gt.TrainSettings(steps=5, batch_size=32), progress=False)
+    default, _ = tr.fit(model, contexts, gs.DEFAULT_CORPUS, gs.TrainSettings(batch_size=64), progress=False)
+    short, _ = tr.fit(model, contexts, gs.DEFAULT_CORPUS, gs.TrainSettings(steps=5, batch_size=32), progress=False)
     assert short.stat().st_mtime_ns >= default.stat().st_mtime_ns and default.stem != short.stem
-    monkeypatch.setattr(gt, "DEFAULT_GATE", default.stem)  # the press's named default: these settings' gate
+    monkeypatch.setattr(gs, "DEFAULT_GATE", default.stem)  # the press's named default: these settings' gate
     ids = random_ids(64, seed=3)
     plain = get_press(RECOMMENDED_FAST, 0.5)
     named = get_press(RECOMMENDED_FAST, 0.5, gate=short.stem)
     by_path = get_press(RECOMMENDED_FAST, 0.5, gate=str(short))
     got_plain, got_named, got_path = (kept_keys(model, p, ids) for p in (plain, named, by_path))
     assert plain.gate_used == default.stem and named.gate_used == by_path.gate_used == short.stem
-    expected = {stem: kept_keys(model, get_press(RECOMMENDED_FAST, 0.5, gates=gt.load_gates(path)), ids)
+    expected = {stem: kept_keys(model, get_press(RECOMMENDED_FAST, 0.5, gates=gs.load_gates(path)), ids)
                 for stem, path in ((default.stem, default), (short.stem, short))}
     assert all(torch.equal(a, b) for a, b in zip(got_plain, expected[default.stem]))  # the newest is not loaded
     assert all(torch.equal(a, b) for a, b in zip(got_named, expected[short.stem]))
     assert all(torch.equal(a, b) for a, b in zip(got_path, expected[short.stem]))
     assert any(not torch.equal(a, b) for a, b in zip(expected[default.stem], expected[short.stem]))  # they differ
-    gt.set_default(model, short.stem)  # kvprob train-gate --set-default
+    gs.set_default(model, short.stem)  # kvprob train-gate --set-default
     again = get_press(RECOMMENDED_FAST, 0.5)
     assert all(torch.equal(a, b) for a, b in zip(kept_keys(model, again, ids), expected[short.stem]))
     assert again.gate_used == short.stem
     with pytest.raises(FileNotFoundError, match="kvprob train-gate"):
-        gt.set_default(model, "never-trained")
+        gs.set_default(model, "never-trained")
 
 
 def test_a_gate_is_read_once_per_process(tmp_path, monkeypatch):
     model = tiny_model("llama", layers=2)
     monkeypatch.setenv("KVPROB_CACHE", str(tmp_path))
-    path, _ = gt.fit(model, [random_ids(40, seed=1)], "one", gt.TrainSettings(steps=3, batch_size=16), progress=False)
+    path, _ = tr.fit(model, [random_ids(40, seed=1)], "one", gs.TrainSettings(steps=3, batch_size=16), progress=False)
     reads = []
-    monkeypatch.setattr(gt, "load_gates", lambda p: reads.append(p) or gt.gates_from_state_dicts(
-        torch.load(p, weights_only=True)["module"]))
+    read_gates = gs.read_gates
+    monkeypatch.setattr(gs, "read_gates", lambda p: reads.append(p) or read_gates(p))
     for ratio in (0.5, 0.75, 0.5):
         with get_press("topk_gate_layers", ratio, gate=path.stem)(model):
             model.model(input_ids=random_ids(32, seed=2))
@@ -66,7 +67,7 @@ def test_a_gate_is_read_once_per_process(tmp_path, monkeypatch):
 def train_gate_args(**given) -> argparse.Namespace:
     """``kvprob train-gate``'s arguments, small: 2 prose contexts of 64 tokens, no RULER, one held out."""
     args = dict(model=None, context=64, prose_texts=2, ruler_texts=0, heldout_texts=1, steps=4, batch_size=32, seed=0,
-                set_default=True, out=None)
+                set_default=True, package=False, out=None)
     return argparse.Namespace(**(args | given))
 
 
@@ -84,7 +85,7 @@ def test_recommended_fast_runs_as_kvpress_evaluate_runs_it(tmp_path, monkeypatch
         with torch.no_grad():
             pipe(context, question="What is item 3?", press=press, max_new_tokens=3)
     record = cmd_train_gate(train_gate_args(), lambda args: (model, tokenizer))  # what `kvprob train-gate` runs
-    assert record["default"] and gt.default_gate(model) == record["gate"] != gt.DEFAULT_GATE
+    assert record["default"] and gs.default_gate(model) == record["gate"] != gs.DEFAULT_GATE
     lengths = []
     handle = model.model.layers[0].self_attn.register_forward_pre_hook(
         lambda m, a, kw: lengths.append(kw["hidden_states"].shape[1]), with_kwargs=True)
@@ -112,8 +113,8 @@ def test_harness_records_name_the_gate_and_equal_the_pipeline(tmp_path, monkeypa
     model = tiny_model("llama")
     model.generation_config.eos_token_id = 2
     monkeypatch.setenv("KVPROB_CACHE", str(tmp_path))
-    path, _ = gt.fit(model, [random_ids(60, seed=1)], "one", gt.TrainSettings(steps=3, batch_size=16), progress=False)
-    gt.set_default(model, path.stem)
+    path, _ = tr.fit(model, [random_ids(60, seed=1)], "one", gs.TrainSettings(steps=3, batch_size=16), progress=False)
+    gs.set_default(model, path.stem)
     gates = list(dict.fromkeys([RECOMMENDED_FAST, "topk_gate_layers_recent25", "topk_gate_widest"]))[:2]
     configs = configurations(gates, [0.5, 0.75], [0])
     store, frame = ResultStore(tmp_path / "r.jsonl"), examples(1)

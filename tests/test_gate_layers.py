@@ -8,8 +8,9 @@ from kvpress.utils import compute_n_kept
 from transformers import DynamicCache
 
 from evaluation.engine import Prefill, press_prefill
+from kvpress_prob.learned import labels as lb
+from kvpress_prob.learned import training as tr
 from kvpress_prob.names.registry import get_press
-from kvpress_prob.presses import gate_training as gt
 from kvpress_prob.presses.gate import GatePress
 from kvpress_prob.presses.gate_layers import LayerGatePress
 from kvpress_prob.presses.sampling import language_model
@@ -54,7 +55,7 @@ def test_kept_set_is_sinks_recent_window_and_gate_top(dtype, window, ratio):
     model, n = tiny_model("llama", dtype=dtype), 90
     ids = random_ids(n, seed=11)
     gates = random_gates(model)
-    scores = gt.gate_scores(gates, gt.attention_inputs(model, ids))  # the reference: an independent plain prefill
+    scores = tr.gate_scores(gates, lb.attention_inputs(model, ids))  # the reference: an independent plain prefill
     full = press_prefill(model, ids, None)
     press = LayerGatePress(compression_ratio=ratio, gates=gates, window=window)
     cache = press_prefill(model, ids, press)

@@ -181,7 +181,8 @@ def test_kvzip_ragged_refuses_a_sampler_without_per_head_counts():
 def test_gate_ragged_keeps_the_gates_global_top_per_head_under_generate(dtype):
     """topk_gate_ragged: each head keeps its share of the global top L H compute_n_kept(n, r) of the gates' scores
     on an independent plain prefill (sinks pinned: an explicit ranking), stored exactly, under model.generate."""
-    from kvpress_prob.presses import gate_training as gt
+    from kvpress_prob.learned import labels as lb
+    from kvpress_prob.learned import training as tr
     from kvpress_prob.presses.gate import GatePress
     from kvpress_prob.presses.ragged_presses import RaggedGatePress
     from tests.test_gate import random_gates
@@ -189,7 +190,7 @@ def test_gate_ragged_keeps_the_gates_global_top_per_head_under_generate(dtype):
     model, ratio = tiny_model("llama", dtype=dtype), 0.75
     ids = random_ids(N, seed=29)
     gates = random_gates(model)
-    scores = GatePress(gates=gates).pinned(gt.gate_scores(gates, gt.attention_inputs(model, ids))[:, None])
+    scores = GatePress(gates=gates).pinned(tr.gate_scores(gates, lb.attention_inputs(model, ids))[:, None])
     L, _, H, n = scores.shape
     ranked = scores.reshape(-1).argsort(descending=True, stable=True)[: L * H * compute_n_kept(n, ratio)]
     keep = torch.zeros(L * H * n, dtype=torch.bool)

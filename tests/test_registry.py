@@ -13,7 +13,7 @@ from registry_snapshot import DATA, RATIOS, tree
 from kvpress_prob.names.catalogue import FAMILIES
 from kvpress_prob.names.grid import Parts, build, parse_name, press_name
 from kvpress_prob.presses.sampling import SamplingPress
-from kvpress_prob.names.registry import CATALOGUE, PRESSES, RECOMMENDED, get_press, is_sampling
+from kvpress_prob.names.registry import CATALOGUE, PRESSES, RECOMMENDED, RECOMMENDED_FAST, get_press, is_sampling
 from kvpress_prob.samplers.block import BlockSampler
 from kvpress_prob.samplers.priority import PrioritySampler
 
@@ -141,11 +141,13 @@ def slug(heading: str) -> str:
 
 
 def test_every_entry_has_an_origin_a_status_and_a_finding_in_the_docs():
-    statuses = {"measured"}  # what ships; which presses are recommended is the registry's constants alone
+    statuses = {"measured", "learned"}  # what ships; which presses are recommended is the registry's constants alone
     for entry in CATALOGUE.values():
         assert entry.origin in ("kvpress", "paper", "ours") and entry.status in statuses, entry
         assert entry.finding and entry.family in FAMILIES, entry
-    assert RECOMMENDED in CATALOGUE
+    assert RECOMMENDED in CATALOGUE and RECOMMENDED_FAST in CATALOGUE
+    learned = {name for name, entry in CATALOGUE.items() if entry.status == "learned"}
+    assert learned and not learned & set(dict.keys(PRESSES)) and all(name in PRESSES for name in learned)
     assert {e.origin for e in CATALOGUE.values() if e.name == "snapkv" or e.name.startswith("adakv_")} == {"kvpress"}
     assert CATALOGUE["prob_min_h"].origin == "paper" and CATALOGUE["prob_min_h_ht"].origin == "ours"
     assert {e.family for e in CATALOGUE.values()} == {f.name for f in FAMILIES.values() if f.status != "dropped"}

@@ -104,7 +104,6 @@ def _grouped() -> dict[tuple[str, str], list]:
     return {key: entries for key, entries in groups.items() if entries}
 
 
-STATUSES = ("measured", "dropped")
 _ORIGINS = {"kvpress": "kvpress's presses (baselines)", "paper": "the paper's presses (Geh et al. 2026)",
             "ours": "beyond the paper (ours)"}
 
@@ -112,7 +111,7 @@ _ORIGINS = {"kvpress": "kvpress's presses (baselines)", "paper": "the paper's pr
 def family_table(every: bool = False) -> list[str]:
     """``kvprob presses``: one block per family, grouped by origin; ``every``: each name on its line; then the
     four recommendations (``recommended_lines``) and the counts (``kvpress_prob.names.registry.counts``)."""
-    from kvpress_prob.names.catalogue import FAMILIES
+    from kvpress_prob.names.catalogue import FAMILIES, STATUSES
     from kvpress_prob.names.registry import counts
 
     lines, origin = [], None

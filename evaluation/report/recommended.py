@@ -53,8 +53,8 @@ LABELS = {"RECOMMENDED": "default", "RECOMMENDED_FAST": "fast", "RECOMMENDED_PRO
 #: constant -> what it is for, in one line.
 PURPOSE = {
     "RECOMMENDED": "the best worst case over retrieval, prose and recall, at kvpress top-k's memory",
-    "RECOMMENDED_FAST": f"the same choice among presses prefilling within {FAST:g} x snapkv's time; needs a gate "
-                        "trained for the model (kvprob train-gate)",
+    "RECOMMENDED_FAST": f"the same choice among presses prefilling within {FAST:g} x snapkv's time; the embedded "
+                        "model's gate ships, another model's is trained by kvprob train-gate",
     "RECOMMENDED_PROSE": "the best on prose (next-token KL to the full cache), at kvpress top-k's memory",
     "RECOMMENDED_RETRIEVAL": "the best on RULER retrieval, at kvpress top-k's memory",
 }

@@ -1,8 +1,10 @@
 """What ships: the presses that ``PRESSES`` holds and ``kvprob presses`` lists, each with its origin
 (``kvpress``, ``paper``, ``ours``), its family and a one-word status.
 
-Statuses: ``measured`` (decoded on a split and kept as a design a user may want), ``dropped`` (a family whose
-names no longer ship; they still build by name). Which presses are recommended is the registry's
+Statuses: ``measured`` (decoded on a split and kept as a design a user may want), ``learned`` (measured, and
+scored by an artefact trained for each model, which ships for the embedded model alone: ``PRESSES`` and the sweeps
+over it, which run presses on any model, leave these out; they build by name), ``dropped`` (a family whose names
+no longer ship; they still build by name). Which presses are recommended is the registry's
 ``RECOMMENDED*`` constants alone. The findings behind each family, with their numbers, are in the document named
 by ``Family.docs``.
 
@@ -22,6 +24,8 @@ from dataclasses import dataclass
 from kvpress_prob.names.grid import Parts, grid, press_name
 
 DOCS = "docs/presses.md"
+#: The statuses of a family, in the order ``kvprob presses`` counts them.
+STATUSES = ("measured", "learned", "dropped")
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("ours", "calibrated", "prob_<scorer>_block8_priority_<rank|ent>", "ours", "measured", "calibrated"),
     Family("ours", "decoding", "<decode|prob_decode>_<proposal>_<design>",
            "kvpress DecodingPress; VaSE (arXiv 2606.03928) for value protection", "measured", "decoding"),
+    Family("ours", "learned gates", "topk_gate_<widest|ragged|layers>[_recent<pct>]",
+           "Fast KVzip (Kim, Han, Yun 2026, arXiv 2601.17668)", "learned", "the-fast-presss-gate"),
     Family("ours", "entropy hybrids", "<prob|hybrid>_<proposal>[_block8]_ent_alpha[_nocorr]", "ours", "dropped",
            "entropy-hybrids"),
     Family("ours", "spans", "topk_<proposal>_span<k>[_nowiden]", "ours", "dropped", "spans"),
@@ -143,6 +149,8 @@ NAMED_SHIPPED: dict[str, str] = {
         "prob_decode_min_variance_priority_floor20", "prob_decode_min_variance_priority_floor20_layers",
         "prob_decode_min_variance_priority_floor20_heads", "decode_attn_topk_heads")},
     **{f"topk_kvzip_{a}": "top-k twins" for a in ("padded", "widest", "ragged_fit", "global")},
+    **{f"topk_gate_{a}": "learned gates" for a in ("widest", "ragged", "layers", "layers_recent10", "layers_recent25",
+                                                   "layers_recent50")},
 }
 
 @dataclass(frozen=True)

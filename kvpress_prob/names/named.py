@@ -2,11 +2,12 @@
 
 - ``KVZIP_ALLOCATIONS``: KVzip's scores under an allocation over layers and heads (``presses.kvzip_alloc``),
   ``topk_kvzip_<allocation>``.
-- ``GATES``: Fast KVzip's learned gates (built by name, not shipped: a gate is trained per model): under KVzip's
-  widest allocation over all layers (``presses.gate``), ``topk_gate_widest``; under their global top per head in a
-  ragged cache (``presses.ragged_presses``), ``topk_gate_ragged``; or each layer evicted in its own hook at
-  kvpress's count (``presses.gate_layers``, snapkv's prefill time and peak), ``topk_gate_layers``, with the most
-  recent ``<pct>`` % of each head's count kept as the fill in ``topk_gate_layers_recent<pct>``.
+- ``GATES``: Fast KVzip's learned gates (catalogued with the status ``learned``: a gate is trained per model; the
+  embedded model's default ships with the package): under KVzip's widest allocation over all layers
+  (``presses.gate``), ``topk_gate_widest``; under their global top per head in a ragged cache
+  (``presses.ragged_presses``), ``topk_gate_ragged``; or each layer evicted in its own hook at kvpress's count
+  (``presses.gate_layers``, snapkv's prefill time and peak), ``topk_gate_layers``, with the most recent ``<pct>`` %
+  of each head's count kept as the fill in ``topk_gate_layers_recent<pct>``.
 - ``ENTROPY_HYBRIDS`` (not shipped; built by name): each head's exact fraction alpha_h follows the entropy of its
   own proposal (``samplers.entropy_stratified``); the rest is priority-sampled with correction. pi_min-h under the
   global budget of prob_min_h (positions, or blocks of 8); KeyDiff softmax-calibrated to the window attention's

@@ -87,7 +87,7 @@ class Presses(dict):
 #: name -> factory of the compression ratio, for every shipped prefill press (decoding presses are built by
 #: ``get_decoding_press``).
 PRESSES: Presses = Presses({name: _factory(name) for name, entry in CATALOGUE.items()
-                            if entry.family != "decoding"})
+                            if entry.family != "decoding" and entry.status != "learned"})
 #: The paper's top-k baselines (kvpress).
 BASELINES = {name: PRESSES[name] for name in ("streaming_llm", "snapkv", "tova", "h2o", "knorm")}
 #: Stronger kvpress top-k baselines that run offline on a CPU.

@@ -8,7 +8,7 @@ attention hooks, as kvpress's scorer presses do, and evicts every layer at the l
 ``"widest"`` allocation (``kvzip_alloc.allocation_keep`` and ``evict_keep``: equal memory, real eviction), so it
 compresses under ``model.generate`` too. Its gates are kvpress's ``FastKVzipPress`` format (a list of per-layer
 state dicts of ``FastKVzipGate``), so a released gate loads as it is; without one, it loads the gate it names,
-else the model's default gate (``kvpress_prob.presses.gate_training.load``: trained by ``kvprob train-gate``).
+else the model's default gate (``kvpress_prob.presses.gate_store.load``: trained by ``kvprob train-gate``).
 ``compress_scores`` evicts a cache from gate scores computed elsewhere (the evaluation engine's shared prefill,
 which computes them once for every ratio).
 """
@@ -22,7 +22,7 @@ from kvpress.presses.base_press import BasePress, is_prefilling
 from torch import nn
 
 from kvpress_prob import attention_dispatch
-from kvpress_prob.presses import gate_training
+from kvpress_prob.presses import gate_store
 from kvpress_prob.presses.allocations import allocation_keep, evict_keep
 from kvpress_prob.presses.sampling import hooked_layers, language_model
 from kvpress_prob.samplers.base import check_ratio
@@ -37,9 +37,9 @@ class GatePress(BasePress):
     compression_ratio : float, default 0.0
         Fraction of the cache evicted, in [0, 1); kvpress's count (``compute_n_kept``) per head, over all layers.
     gate : str or None, default None
-        The gate to load when ``gates`` is None: a name (``gate_training.gate_name``) in the model's gate folder, or a
-        file's path. None: the model's default gate (``gate_training.default_gate``: the one ``kvprob train-gate
-        --set-default`` made the default, else ``gate_training.DEFAULT_GATE``). A missing gate raises, naming
+        The gate to load when ``gates`` is None: a name (``gate_store.gate_name``) in the model's gate folder, or a
+        file's path. None: the model's default gate (``gate_store.default_gate``: the one ``kvprob train-gate
+        --set-default`` made the default, else ``gate_store.DEFAULT_GATE``). A missing gate raises, naming
         ``kvprob train-gate``.
     gates : list or None, default None
         One gate per layer: ``FastKVzipGate`` modules or their state dicts (``FastKVzipPress``'s format), used as
@@ -74,9 +74,9 @@ class GatePress(BasePress):
         if self._layers != [m.layer_idx for m in self._attention]:
             raise ValueError("GatePress scores every layer: a model with sliding-window layers (Gemma3) is not supported")
         if self.gates is None:
-            self.gate_used, self._modules = gate_training.load(model, self.gate)
+            self.gate_used, self._modules = gate_store.load(model, self.gate)
         elif all(isinstance(g, dict) for g in self.gates):
-            self.gate_used, self._modules = "given", gate_training.gates_from_state_dicts(self.gates)
+            self.gate_used, self._modules = "given", gate_store.gates_from_state_dicts(self.gates)
         else:
             self.gate_used, self._modules = "given", list(self.gates)
         n_layers = len(language_model(model).layers)

@@ -6,11 +6,12 @@ never one that the development runs read: those take each task's first). Only RU
 and words: its essay haystack is the essays in name order, whose first ones are prose test essays. The essays are split by name: the last
 essays, in name order, until ``heldout`` contexts, are held out; the first ``prose`` contexts of the others and
 ``ruler`` haystacks train the gate. The gate's file is named by the corpus and the settings
-(``gate_training.gate_name``); ``--set-default`` makes it the model's default, the gate that a gate press built by
+(``gate_store.gate_name``); ``--set-default`` makes it the model's default, the gate that a gate press built by
 name loads. After training, the gate's kept set is compared on the held-out contexts with KVzip's, both under the
-widest allocation (``gate_training.kept_recall``).
+widest allocation (``learned.training.kept_recall``).
 
     kvprob train-gate --set-default                 # the embedded model: 20 prose + 10 RULER, 4 held-out contexts
+    kvprob train-gate --package                     # the same, and its 16-bit copy into the package's files
     kvprob train-gate --model Qwen/Qwen3-4B         # any model (labels and training on its device)
 """
 
@@ -29,7 +30,7 @@ RATIOS = (0.5, 0.75, 0.9)
 
 
 def corpus_name(n: int, prose: int, ruler: int) -> str:
-    """The name of the corpus ``contexts`` gives (``gate_training.DEFAULT_CORPUS`` for the defaults)."""
+    """The name of the corpus ``contexts`` gives (``gate_store.DEFAULT_CORPUS`` for the defaults)."""
     return f"dev-prose{prose}-ruler{ruler}-{n}"
 
 
@@ -81,7 +82,19 @@ def add_parser(add, positive_int, model_option) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the gate's initialisation and minibatches")
     p.add_argument("--set-default", action="store_true",
                    help="make this gate the model's default: what a gate press built by name loads")
+    p.add_argument("--package", action="store_true",
+                   help="write the gate's 16-bit copy into the package's files (kvpress_prob/learned/artefacts/), "
+                        "checked on the held-out contexts: what ships for the embedded model")
     p.add_argument("--out", default=None, help="JSON record of the run (unset: print only)")
+
+
+def command(args) -> str:
+    """The command that trains the gate ``args`` name: every setting spelled out."""
+    words = ["python -m evaluation train-gate"] + ([f"--model {args.model}"] if args.model else []) + [
+        f"--context {args.context}", f"--prose-texts {args.prose_texts}", f"--ruler-texts {args.ruler_texts}",
+        f"--heldout-texts {args.heldout_texts}", f"--seed {args.seed}"]
+    words += [f"--{k.replace('_', '-')} {getattr(args, k)}" for k in ("steps", "batch_size") if getattr(args, k)]
+    return " ".join(words)
 
 
 def cmd_train_gate(args, load) -> dict:
@@ -89,36 +102,43 @@ def cmd_train_gate(args, load) -> dict:
     returns the record."""
     from dataclasses import replace
 
-    from kvpress_prob.presses import gate_training as gt
+    from kvpress_prob.learned import labels as lb
+    from kvpress_prob.learned import training as tr
+    from kvpress_prob.presses import gate_store as gs
 
     if args.ruler_texts < 0:
         raise ValueError(f"--ruler-texts must be >= 0, got {args.ruler_texts}")
     model, tokenizer = load(args)
-    settings = gt.TrainSettings(seed=args.seed)
+    settings = gs.TrainSettings(seed=args.seed)
     settings = replace(settings, **{k: v for k, v in (("steps", args.steps), ("batch_size", args.batch_size))
                                     if v is not None})
     corpus = corpus_name(args.context, args.prose_texts, args.ruler_texts)
     fit, heldout, held_essays = contexts(tokenizer, args.context, args.prose_texts, args.ruler_texts,
                                          args.heldout_texts)
-    path, meta = gt.fit(model, fit, corpus, settings)
+    path, meta = tr.fit(model, fit, corpus, settings, command=command(args))
     if args.set_default:
-        gt.set_default(model, path.stem)
-    gates = gt.load_gates(path)
+        gs.set_default(model, path.stem)
+    if args.package:
+        from kvpress_prob.learned.package import package_gate
+
+        packaged, check = package_gate(model, path, heldout, f"{command(args)} --package")
+        print(f"package copy: {packaged} (kept share of the float32 gate's: {check['kept_share']})")
+    gates = gs.load_gates(path)
     t0 = time.perf_counter()
     counts = {r: [0, 0] for r in RATIOS}
     per_text = []
     for ids in heldout:
-        labels, _ = gt.kvzip_labels(model, ids)
-        scores = gt.gate_scores(gates, gt.attention_inputs(model, ids))
+        labels, _ = lb.kvzip_labels(model, ids)
+        scores = tr.gate_scores(gates, lb.attention_inputs(model, ids))
         row = {}
         for r in RATIOS:
-            both, kept = gt.kept_recall(scores, labels, r, settings.n_sink)
+            both, kept = tr.kept_recall(scores, labels, r, settings.n_sink)
             counts[r][0] += both
             counts[r][1] += kept
             row[str(r)] = both / kept
         per_text.append(row)
     recall = {str(r): counts[r][0] / counts[r][1] for r in RATIOS}
-    record = {"model": args.model or "embedded", "gate": path.stem, "default": gt.default_gate(model) == path.stem,
+    record = {"model": args.model or "embedded", "gate": path.stem, "default": gs.default_gate(model) == path.stem,
               "prose_contexts": args.prose_texts, "ruler_contexts": len(fit) - args.prose_texts,
               "heldout_contexts": len(heldout), "heldout_essays": held_essays, "context": args.context,
               "recall": recall, "recall_counts": {str(r): counts[r] for r in RATIOS}, "recall_per_text": per_text,
