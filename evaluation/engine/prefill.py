@@ -81,18 +81,13 @@ def plan(model, press: BasePress | None, n: int) -> Plan:
 def kvpress_plan(model, press: BasePress, n: int) -> Plan:
     """The plan of a press that declares none (kvpress's own), read from kvpress's interface: H2O's as our
     eager H2O's (no path builds n x n weights that do not fit), a scorer's top-k of its stored scores, AdaKV's
-    allocation of its scorer's, a gate press's compression of its gate's scores; any other, a prefill of its own."""
+    allocation of its scorer's; any other, a prefill of its own."""
     if isinstance(press, ObservedAttentionPress) and standard_scorer(press):
         return EagerObservedAttentionPress().prefill_plan(model, n)
     if standard_scorer(press):
         return scores_plan(press)
     if type(press) is AdaKVPress:
         return adakv_plan(press)
-    if isinstance(press, GatePress):  # ours, but it carries no prefill_plan: its plan is read here
-        if press.compression_ratio == 0:
-            return Plan("full")
-        return Plan("gate", ("gate", press.gate_key), lambda module, kwargs, output: press.gate_scores(
-            module.layer_idx, kwargs["hidden_states"]))
     return Plan("prefill")
 
 

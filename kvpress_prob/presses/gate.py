@@ -24,6 +24,7 @@ from torch import nn
 from kvpress_prob import attention_dispatch
 from kvpress_prob.presses import gate_store
 from kvpress_prob.presses.allocations import allocation_keep, evict_keep
+from kvpress_prob.presses.prefill_plan import PrefillPlan
 from kvpress_prob.presses.sampling import hooked_layers, language_model
 from kvpress_prob.samplers.base import check_ratio
 
@@ -99,6 +100,14 @@ class GatePress(BasePress):
         if weight.device != hidden_states.device:
             gate.to(hidden_states.device)
         return gate(hidden_states.to(weight.dtype)).float()
+
+    def prefill_plan(self, model, n: int) -> PrefillPlan:
+        """After a shared full-cache prefill: ``compress_scores`` on the ``gate_scores`` computed in its hooks, keyed
+        by ``gate_key`` (shared by every ratio); nothing at ratio 0."""
+        if self.compression_ratio == 0:
+            return PrefillPlan("full")
+        return PrefillPlan("gate", ("gate", self.gate_key), lambda module, kwargs, output: self.gate_scores(
+            module.layer_idx, kwargs["hidden_states"]))
 
     def pinned(self, scores: torch.Tensor) -> torch.Tensor:
         """``scores`` (L, 1, H, n) with the first ``n_sink`` entries above every other (never evicted)."""
