@@ -17,8 +17,8 @@ attend over the whole cache. ``fused_attention`` computes both from them:
   mass on S is under ``float tiny / eps`` (where p's rounding would be relative to the whole cache, not S) gets
   the subset's softmax from its own logits, recomputed.
 
-The queries are the forward's own (projected once, RoPE applied once). The computation runs in float32 for a
-half-precision model (the scores and output then cast back), in the model's dtype otherwise.
+The queries are the forward's own (projected once, RoPE applied once). The computation runs in the queries'
+dtype, in float32 for half-precision queries (the output and scores then cast back).
 
 ``active(press, modules)`` routes the forwards of ``modules`` (a press's reconstruction passes) to the press's
 ``fused_attention``; ``handler`` is the attention handler that does it (``None`` for any other forward).

@@ -179,8 +179,10 @@ class BoundedKVzipPress(KVzipPress):
     ----------
     fused : bool, class attribute, True
         Score in the reconstruction forwards' own attention (``kvzip_fused``: one set of logits for the output
-        and the score); False, or ``kvzip_plus_normalization``: kvpress's scoring after each layer's attention,
-        over blocks of rows (``score_kvzip``).
+        and the score), for a float32 or float64 model. False, ``kvzip_plus_normalization`` or a half-precision
+        model (whose own attention rounds its output in half precision, where the fused one would not): the
+        model's attention, then kvpress's scoring after each layer's attention over blocks of rows
+        (``score_kvzip``).
     """
 
     fused = True  # not a field: how the same scores are computed
@@ -276,7 +278,7 @@ class BoundedKVzipPress(KVzipPress):
             self.score_val = kept.to(self._cache.layers[0].keys.device, copy=True)
             self.compress_post(model)
             return
-        if not self.fused or self.kvzip_plus_normalization:
+        if not self.fused or self.kvzip_plus_normalization or model.dtype not in (torch.float32, torch.float64):
             super()._perform_kvzip_compression(model, tokenizer)
             return
         kvzip_fused.install()

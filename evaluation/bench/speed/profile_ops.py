@@ -5,11 +5,11 @@ context (``--length`` tokens) under ``torch.profiler``. Every operation's own ti
 in a phase and a kind:
 
 - phase: ``prefill`` (the first forward of the language model), ``reconstruction`` (its later forwards: KVzip's
-  replay passes), ``scoring`` (the press's ``score_kvzip``, or inside the fused attention function the fused
-  score's share: ``kvzip_fused``), ``proposal`` (the press's ``tail``), ``allocation`` (its ``compress_post``),
-  ``other``;
+  replay passes), ``scoring`` (the press's ``score_kvzip``), ``proposal`` (the press's ``tail``), ``allocation``
+  (its ``compress_post``), ``other``;
 - kind: ``projections`` (inside a q/k/v/o projection module), ``mlp`` (inside a layer's MLP), ``sdpa`` (inside
-  an ``aten::scaled_dot_product_attention`` call), ``fused attention`` (inside the fused attention function),
+  an ``aten::scaled_dot_product_attention`` call), ``fused attention`` (inside the press's ``fused_attention``:
+  the reconstruction's attention output and KVzip's score from one set of logits, ``kvzip_fused``),
   ``cache cat`` (an ``aten::cat`` in the attention module, outside the above: the cache update), ``copies``
   (clone, copy, contiguous), ``matmul``, ``softmax``, else ``other``.
 
@@ -89,12 +89,13 @@ def labelled(model, press):
             labels.append(_Label(getattr(layer.self_attn, name), "kind::projections"))
     restore = {}
     if press is not None:
-        for attribute, phase in (("score_kvzip", "scoring"), ("compress_post", "allocation"), ("tail", "proposal")):
+        for attribute, label in (("score_kvzip", "phase::scoring"), ("fused_attention", "fused::attention"),
+                                 ("compress_post", "phase::allocation"), ("tail", "phase::proposal")):
             original = getattr(press, attribute, None)
             if original is None:
                 continue
             restore[attribute] = original
-            setattr(press, attribute, _Wrapped(original, f"phase::{phase}"))
+            setattr(press, attribute, _Wrapped(original, label))
 
     def remove():
         for label in labels:
@@ -118,12 +119,10 @@ def kind_of(event) -> tuple[str, str]:
     for name in names:  # innermost first
         if name.startswith("phase::") and phase == "other":
             phase = name[len("phase::"):]
-        if name == "fused::score" and phase == "other":
-            phase = "scoring"
         if kind is None:
             if name in ("kind::projections", "kind::mlp"):
                 kind = name[len("kind::"):]
-            elif name == "fused::attention" or name == "fused::score":
+            elif name == "fused::attention":
                 kind = "fused attention"
             elif name == "aten::scaled_dot_product_attention":
                 inside_sdpa = True
