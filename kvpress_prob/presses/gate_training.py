@@ -43,7 +43,7 @@ from kvpress_prob.presses.kvzip import KVzipSampledPress
 from kvpress_prob.presses.allocations import allocation_keep
 from kvpress_prob.presses.sampling import language_model
 
-VERSION = 2  # of the label and training rules below: a change renames every gate
+VERSION = 3  # of the label and training rules below: a change renames every gate
 
 
 @dataclass(frozen=True)
