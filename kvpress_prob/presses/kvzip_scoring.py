@@ -4,6 +4,10 @@ kvpress's ``KVzipPress`` (Kim et al., "KVzip: Query-Agnostic KV Cache Compressio
 Reconstruction", 2025) scores each cached entry by the largest attention it receives while the model is
 asked to repeat the context. ``BoundedKVzipPress`` is that press, scores and masking unchanged, with:
 
+- **the score from the reconstruction's own attention** (float32 and float64 models): each reconstruction
+  forward's attention computes the layer's output and KVzip's scores of the chunk from one set of logits
+  (``kvzip_fused``): the queries are projected once and no second product over KVzip's subset is computed.
+  ``kvzip_plus_normalization`` and half-precision models score after each layer's attention (next item);
 - **bounded scoring memory**: each layer's scores are computed over blocks of the reconstruction's query rows,
   so that no dense attention tensor (the logits, the softmax: H_q x rows x keys, in the model's dtype) exceeds
   ``ATTENTION_BYTES`` nor one layer's K+V of the context. KVzip's score is a maximum over query rows and the softmax is per row, so the blocks'
