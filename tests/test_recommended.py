@@ -50,7 +50,7 @@ def test_evidence_counts_match_the_tables_interval_headers(recs):
 
 
 def _record(tmp_path, name, rows):
-    cols = {c: 1 for c in price.REQUIRED} | {"ratio": recommended.PRICE_RATIO}
+    cols = {c: 1 for c in price.REQUIRED} | {"ratio": recommended.PRICE_RATIO, "n": recommended.PRICE_LENGTH}
     path = tmp_path / name / "price.jsonl"
     path.parent.mkdir()
     pd.DataFrame([cols | {"device": "cpu", "decode_route": "sdpa", "command": f"cmd {name}"} | r for r in rows]
@@ -77,6 +77,9 @@ def test_price_is_the_newest_record_with_the_range_over_all(tmp_path):
     assert recommended.price_of("c", records) is None
     other = _record(tmp_path, "other", [_row("a", 7.0, 6.0, 8.0) | {"ratio": 0.9}])
     assert recommended.price_of("a", [(str(other), price.load(other)), *records]).median["prefill"] == 3.0
+    longer = _record(tmp_path, "longer", [_row("a", 5.0, 4.0, 6.0) | {"n": 2 * recommended.PRICE_LENGTH}])
+    a = recommended.price_of("a", [(str(longer), price.load(longer)), *records])
+    assert a.median["prefill"] == 3.0 and a.spread["prefill"] == (1.5, 3.2)  # another length is not mixed in
 
 
 def test_a_press_without_record_shows_no_price_and_no_other_press_figures(monkeypatch, tmp_path):

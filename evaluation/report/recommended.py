@@ -6,7 +6,7 @@
   ``evaluation.report.maximin_table``): q per regime at each ratio (1 = the regime's best press of the table's
   pool there) and the worst regime's q; the evidence (model, context length, split, example counts, seeds,
   record folders) is read back from the records the table's own command names;
-- price: every price record ``results/bench/**/price.jsonl`` at r = ``PRICE_RATIO`` (``python -m evaluation.bench price``; read by
+- price: every price record ``results/bench/**/price.jsonl`` at r = ``PRICE_RATIO`` and n = ``PRICE_LENGTH`` (``python -m evaluation.bench price``; read by
   ``evaluation.report.price``): the newest record that prices the press (by the date of the commit that last
   wrote it, else its file's modification time) gives the median, and the range beside it is the smallest and
   largest round of every record that prices it. A press no record prices has no price ("no price record"):
@@ -47,6 +47,8 @@ TEST_TABLE = ROOT / "results" / "rule" / "test-maximin-round4.md"
 PRICE_RECORDS = "results/bench/**/price.jsonl"
 #: The ratio the table's price is read at: every priced press has a record there, so the rows compare.
 PRICE_RATIO = 0.5
+#: The context length the table's price is read at (a record at another length prices another question).
+PRICE_LENGTH = 4096
 #: constant of ``kvpress_prob.names.registry`` -> its label.
 LABELS = {"RECOMMENDED": "default", "RECOMMENDED_FAST": "fast", "RECOMMENDED_PROSE": "prose",
           "RECOMMENDED_RETRIEVAL": "retrieval"}
@@ -143,10 +145,11 @@ def price_records(pattern: str = PRICE_RECORDS) -> tuple[tuple[str, pd.DataFrame
 
 
 def price_of(press: str, records=None) -> Price | None:
-    """``press``'s price at ``PRICE_RATIO`` from ``records`` (``price_records()``'s, newest first), or None where
+    """``press``'s price at ``PRICE_RATIO`` and ``PRICE_LENGTH`` tokens from ``records`` (``price_records()``'s, newest first), or None where
     none prices it there."""
     found = [(path, r.loc[press]) for path, r in (price_records() if records is None else records)
-             if press in r.index and float(r.loc[press, "ratio"]) == PRICE_RATIO]
+             if press in r.index and float(r.loc[press, "ratio"]) == PRICE_RATIO
+             and int(r.loc[press, "n"]) == PRICE_LENGTH]
     if not found:
         return None
     path, row = found[0]

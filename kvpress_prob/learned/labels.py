@@ -16,6 +16,7 @@ import torch
 from transformers import DynamicCache
 
 from kvpress_prob.presses.artefacts import model_dir
+from kvpress_prob.presses.gate_store import VERSION
 from kvpress_prob.presses.kvzip import KVzipSampledPress
 from kvpress_prob.presses.sampling import language_model
 
@@ -36,8 +37,9 @@ class _LabelPress(KVzipSampledPress):
 @torch.no_grad()
 def kvzip_labels(model, ids: torch.Tensor, folder: Path | None = None) -> tuple[torch.Tensor, int]:
     """KVzip's scores (L, H, n) float32 of context ``ids`` (1, n) and the first position it scores; cached in
-    ``folder`` (default ``artefacts.model_dir(model) / "labels"``) by the ids' digest."""
-    folder = Path(folder) if folder is not None else model_dir(model) / "labels"
+    ``folder`` (default ``artefacts.model_dir(model) / "labels-v<VERSION>"``: labels of another version of the
+    label rules are never read) by the ids' digest."""
+    folder = Path(folder) if folder is not None else model_dir(model) / f"labels-v{VERSION}"
     path = folder / f"{ids_digest(ids)}.pt"
     if path.exists():
         saved = torch.load(path, weights_only=True)

@@ -26,7 +26,7 @@ from kvpress.presses.fastkvzip_press import FastKVzipGate
 
 from kvpress_prob.presses import artefacts
 
-VERSION = 2  # of the label and training rules (kvpress_prob.learned): a change renames every gate
+VERSION = 3  # of the label and training rules (kvpress_prob.learned): a change renames every gate
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ hooks, and a ``CrossStratifiedSampler``, KVzip's top blocks are the exact set an
 from the tail proposal with its correction (``cross_kvzip_block8_a<pct>``).
 
 The reconstruction passes cost two to three prefills. ``BoundedKVzipPress`` (``presses.kvzip_scoring``)
-runs them at bounded memory and keeps their scores per model and context, so that every ratio and seed of
+scores in the reconstruction forwards' own attention (``presses.kvzip_fused``), runs them at bounded memory and keeps their scores per model and context, so that every ratio and seed of
 one context reuses them; it refuses eager attention and a batch, and under ``model.generate`` it scores and compresses at the first
 decoding forward.
 """

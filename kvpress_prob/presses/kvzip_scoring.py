@@ -4,6 +4,10 @@ kvpress's ``KVzipPress`` (Kim et al., "KVzip: Query-Agnostic KV Cache Compressio
 Reconstruction", 2025) scores each cached entry by the largest attention it receives while the model is
 asked to repeat the context. ``BoundedKVzipPress`` is that press, scores and masking unchanged, with:
 
+- **the score from the reconstruction's own attention** (float32 and float64 models): each reconstruction
+  forward's attention computes the layer's output and KVzip's scores of the chunk from one set of logits
+  (``kvzip_fused``): the queries are projected once and no second product over KVzip's subset is computed.
+  ``kvzip_plus_normalization`` and half-precision models score after each layer's attention (next item);
 - **bounded scoring memory**: each layer's scores are computed over blocks of the reconstruction's query rows,
   so that no dense attention tensor (the logits, the softmax: H_q x rows x keys, in the model's dtype) exceeds
   ``ATTENTION_BYTES`` nor one layer's K+V of the context. KVzip's score is a maximum over query rows and the softmax is per row, so the blocks'
@@ -44,6 +48,8 @@ from kvpress.utils import get_prerope_query_states
 from transformers import AutoTokenizer
 from transformers.models.llama.modeling_llama import rotate_half
 
+from kvpress_prob import attention_dispatch
+from kvpress_prob.presses import kvzip_fused
 from kvpress_prob.presses.sampling import language_model
 
 #: Largest dense attention tensor (logits or softmax, H_q x rows x keys) of one block of KVzip's scoring, in
@@ -173,7 +179,18 @@ class BoundedKVzipPress(KVzipPress):
     Parameters
     ----------
     compression_ratio, layerwise, n_sink, kvzip_plus_normalization, chunk_size : kvpress ``KVzipPress``'s.
+
+    Attributes
+    ----------
+    fused : bool, class attribute, True
+        Score in the reconstruction forwards' own attention (``kvzip_fused``: one set of logits for the output
+        and the score), for a float32 or float64 model. False, ``kvzip_plus_normalization`` or a half-precision
+        model (whose own attention rounds its output in half precision, where the fused one would not): the
+        model's attention, then kvpress's scoring after each layer's attention over blocks of rows
+        (``score_kvzip``).
     """
+
+    fused = True  # not a field: how the same scores are computed
 
     def score_key(self, model) -> tuple:
         """The score cache's key within ``model``: the context ids' sha256, the model's dtype, the scoring fields."""
@@ -266,7 +283,24 @@ class BoundedKVzipPress(KVzipPress):
             self.score_val = kept.to(self._cache.layers[0].keys.device, copy=True)
             self.compress_post(model)
             return
-        super()._perform_kvzip_compression(model, tokenizer)
+        if not self.fused or self.kvzip_plus_normalization or model.dtype not in (torch.float32, torch.float64):
+            super()._perform_kvzip_compression(model, tokenizer)
+            return
+        attention_dispatch.install()  # the one wrapper, whose "kvzip_fused" handler answers within ``active``
+        self._fused_layers = set()
+        with kvzip_fused.active(self, [layer.self_attn for layer in language_model(model).layers]):
+            super()._perform_kvzip_compression(model, tokenizer)
+
+    def fused_attention(self, module, query, key, value, scaling: float) -> torch.Tensor:
+        """The reconstruction forward's attention output for ``module``, its KVzip scores of the chunk put in
+        ``score_val`` from the same logits (``kvzip_fused.fused_attention``); ``score_kvzip`` then only frees the
+        reconstruction's entries."""
+        output, scores = kvzip_fused.fused_attention(
+            query, key, value, scaling, min(self.n_sink, self.start_idx), self.start_idx, self.end_idx,
+            ATTENTION_BYTES)
+        self.score_val[int(module.layer_idx)][..., self.start_idx : self.end_idx] = scores
+        self._fused_layers.add(int(module.layer_idx))
+        return output
 
     def compress_post(self, model):
         """Keep the scores for later ratios and seeds, then kvpress's masking."""
@@ -284,6 +318,10 @@ class BoundedKVzipPress(KVzipPress):
         largest attention (softmax over the sinks, the chunk and the causal reconstruction tokens) each chunk
         entry receives from any query head of its group and any row, into ``score_val``. Returns the prefilled
         keys and values as new tensors (the reconstruction's entries freed)."""
+        n = self.context_length
+        if int(module.layer_idx) in getattr(self, "_fused_layers", ()):  # scored in the forward's attention
+            self._fused_layers.discard(int(module.layer_idx))
+            return keys[:, :, :n].clone(), values[:, :, :n].clone()
         b, q_len, _ = hidden_states.shape
         sink, ctx_len = min(self.n_sink, self.start_idx), self.end_idx - self.start_idx
         h_kv = module.config.num_key_value_heads
@@ -322,7 +360,6 @@ class BoundedKVzipPress(KVzipPress):
             scores = block if scores is None else torch.maximum(scores, block)
             del weights
         self.score_val[int(module.layer_idx)][..., self.start_idx : self.end_idx] = scores
-        n = self.context_length
         return keys[:, :, :n].clone(), values[:, :, :n].clone()
 
 

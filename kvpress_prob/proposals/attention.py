@@ -99,9 +99,9 @@ def attention_mass(
     """sum_r h_r softmax_causal(q_r . k / sqrt d) over the query rows r: (b, H_q, n), in chunks.
 
     queries (b, H_q, s, d) with RoPE, the queries of the positions ``rows`` (s,) (increasing), keys
-    (b, H_kv, n, d), h (s,). Row r sees keys 0..rows[r]. Never more than one (b, H_q, chunk_size, n)
-    float32 buffer of scores in memory at once (exponentiated in place). The queries are scaled once (not the
-    scores), and only a chunk's diagonal block, the keys after its first row, is masked.
+    (b, H_kv, n, d), h (s,). One (b, H_q, chunk_size, n) float32 buffer of scores, allocated once and reused
+    by every chunk (exponentiated in place). The queries are scaled once (not the scores), and only a chunk's
+    diagonal block, the keys after its first row, is masked.
     """
     b, hq, s, d = queries.shape
     hkv, n = keys.shape[1], keys.shape[2]
@@ -113,12 +113,14 @@ def attention_mass(
     rows = rows.to(keys.device)
     h = h.to(device=keys.device, dtype=torch.float32)
     ends = (rows + 1).tolist()
+    buffer = torch.empty(b * hq * min(s, chunk_size) * n, device=keys.device, dtype=torch.float32)
     with precision.fast_matmul(keys.device):  # TF32 on CUDA (kvpress_prob.proposals.precision: its tolerance, tested)
         for lo in range(0, s, chunk_size):
             hi = min(s, lo + chunk_size)
             top = ends[hi - 1]  # rows lo..hi-1 see keys 0..top-1 at most (causal)
             q = queries[:, :, lo:hi].reshape(b, hkv, g * (hi - lo), d)  # query heads of a group stacked
-            e = torch.matmul(q, k[..., :top]).view(b, hkv, g, hi - lo, top)  # (b, H_kv, g, c, top)
+            e = buffer[: b * hq * (hi - lo) * top].view(b, hkv, g * (hi - lo), top)
+            e = torch.matmul(q, k[..., :top], out=e).view(b, hkv, g, hi - lo, top)  # (b, H_kv, g, c, top)
             first = ends[lo]  # every row of the chunk sees keys 0..first-1: only the keys after are masked
             e[..., first:top].masked_fill_(positions[None, first:top] > rows[lo:hi, None], float("-inf"))
             e.sub_(e.amax(dim=-1, keepdim=True)).exp_()  # softmax numerators, in place

@@ -140,7 +140,8 @@ def markdown(record: pd.DataFrame, raw: pd.DataFrame | None = None) -> str:
         over = seconds.div(float(record.set_index("press").loc[REFERENCE_PRESS, "prefill_s"]))
         lines += ["Where the prefill's time goes (median seconds over rounds; in parentheses, over snapkv's whole "
                   "prefill): plain prefill = the prefill's forward, less a proposal computed in its hooks; "
-                  "reconstruction = KVzip's later forwards, less its scoring; allocation = KVzip's allocation and "
+                  "reconstruction = KVzip's later forwards, less its scoring and its fused attention (the reconstruction's "
+                  "attention with KVzip's score from the same logits); allocation = KVzip's allocation and "
                   "eviction after the scoring; other = the rest (kvpress's tokenizer and chunking).", "",
                   common.markdown_table(seconds.round(2).astype(str) + " (" + over.round(2).astype(str) + ")"), ""]
     if raw is not None and "loadavg_before" in raw:
