@@ -23,7 +23,10 @@ set): kept-set recall = |kept & KVzip's| / |KVzip's|. Rows:
   (``kept_share``, matched ratio = 1 - kept_share);
 - (e) ``recent25``: ``RECOMMENDED_FAST`` (``topk_gate_layers_recent25``): kvpress's count per head, sinks, the 25 %
   most recent, then the gate's top;
-- ``profile_gate_recent<pct>``: (b) with the ``pct`` % most recent of each head's count kept first.
+- ``profile_gate_recent<pct>``: (b) with the ``pct`` % most recent of each head's count kept first;
+- ``profile_layers_kvzip`` / ``profile_layers_gate``: each layer keeps its profile total (the sum of its heads'
+  counts), as the top of KVzip's / the gate's scores over its heads (the heads of a layer share out its budget by
+  the scores, as AdaKV does within a layer).
 The shipped profile (``kvpress_prob/learned/artefacts/``) is learned on the fitting contexts alone, on ``GRID``:
   PYTHONPATH=$PWD OMP_NUM_THREADS=1 .venv/bin/python -m experiments.fast_profile learn
   PYTHONPATH=$PWD OMP_NUM_THREADS=1 .venv/bin/python -m experiments.fast_profile measure
@@ -85,8 +88,16 @@ def pinned(scores: torch.Tensor, n_sink: int = N_SINK) -> torch.Tensor:
 
 def head_top(scores: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """(L, 1, H, n) bool: each head's top ``counts`` (L, 1, H) of ``scores`` (L, 1, H, n)."""
-    rank = scores.argsort(dim=-1, descending=True).argsort(dim=-1)
+    rank = scores.argsort(dim=-1, descending=True, stable=True).argsort(dim=-1)
     return rank < counts[..., None]
+
+
+def layer_top(scores: torch.Tensor, totals: torch.Tensor) -> torch.Tensor:
+    """(L, 1, H, n) bool: each layer's top ``totals`` (L,) of ``scores`` (L, 1, H, n) over all its heads."""
+    L, _, H, n = scores.shape
+    flat = scores.reshape(L, H * n)
+    rank = flat.argsort(dim=-1, descending=True, stable=True).argsort(dim=-1)
+    return (rank < totals[:, None]).view(L, 1, H, n)
 
 
 def recent_first(scores: torch.Tensor, counts: torch.Tensor, window: float) -> torch.Tensor:
@@ -114,6 +125,8 @@ def rows(kvzip: torch.Tensor, gate: torch.Tensor, profile, ratio: float, thresho
     k = compute_n_kept(n, ratio)
     out = {"kvzip_global": global_top(zk, ratio), "profile_kvzip": head_top(zk, counts),
            "profile_gate": head_top(zg, counts), "gate_global": global_top(zg, ratio),
+           "profile_layers_kvzip": layer_top(zk, counts.sum((1, 2))),
+           "profile_layers_gate": layer_top(zg, counts.sum((1, 2))),
            "recent25": head_top(recent_first(zg, torch.full_like(counts, k), 0.25), torch.full_like(counts, k))}
     for pct in (10, 25):
         out[f"profile_gate_recent{pct}"] = head_top(recent_first(zg, counts, pct / 100), counts)
@@ -252,7 +265,7 @@ def table():
     df = pd.read_json(OUT / "recall.jsonl", lines=True)
     meta = json.loads((OUT / "meta.json").read_text())
     order = ["profile_kvzip", "profile_gate", "profile_gate_recent10", "profile_gate_recent25", "gate_global",
-             "gate_layer_thresholds", "recent25"]
+             "gate_layer_thresholds", "recent25", "profile_layers_kvzip", "profile_layers_gate"]
     recall = df.pivot_table(index="row", columns=["regime", "compression_ratio"], values="recall").reindex(order)
     share = df.pivot_table(index="row", columns="compression_ratio", values="kept_share").reindex(order)
     recall.columns = [f"{a} r={b}" for a, b in recall.columns]

@@ -148,6 +148,26 @@ def test_each_head_keeps_its_profile_count_of_sinks_window_and_gate_top(dtype, w
     _stored_exactly(cache, press_prefill(model, ids, None), expected_keep(scores, counts, 4, window))
 
 
+def test_layer_scope_keeps_each_layers_total_as_the_top_over_its_heads():
+    model, ratio = tiny_model("llama"), 0.75
+    ids, gates, profile = random_ids(N, seed=35), random_gates(model), skewed_profile(3, 2, seed=7)
+    scores = gt.gate_scores(gates, gt.attention_inputs(model, ids))
+    totals = profile_counts(profile, ratio, N).sum(-1)
+    press = ProfileGatePress(compression_ratio=ratio, gates=gates, profile=profile, scope="layer")
+    cache = press_prefill(model, ids, press)
+    keep = torch.zeros(3, 1, 2, N, dtype=torch.bool)
+    for l in range(3):  # the sinks of both heads, then the layer's highest scores, one at a time
+        entries = [(h, i) for h in range(2) for i in range(4)]
+        rest = sorted(((h, i) for h in range(2) for i in range(4, N)),
+                      key=lambda e: (-float(scores[l, e[0], e[1]].double()), e[0], e[1]))
+        for h, i in (entries + rest)[: int(totals[l])]:
+            keep[l, 0, h, i] = True
+    assert [sum(layer.lengths) for layer in cache.layers] == totals.tolist()
+    _stored_exactly(cache, press_prefill(model, ids, None), keep)
+    with pytest.raises(ValueError, match="scope"):
+        ProfileGatePress(compression_ratio=0.5, scope="model")
+
+
 def test_each_layer_is_ragged_when_the_next_layer_starts():
     """When layer l + 1 starts its attention, layers 0..l are RaggedLayers holding exactly their profile counts: no
     full K+V outlives its hook."""
@@ -205,5 +225,6 @@ def test_engine_shared_prefill_matches_the_press_and_names_read_back():
     press = get_press("topk_gate_profile_ragged", 0.5)
     assert isinstance(press, ProfileGatePress) and press.window == 0.0
     assert get_press("topk_gate_profile_recent10_ragged", 0.5).window == 0.1
+    assert get_press("topk_gate_profile_layers_ragged", 0.5).scope == "layer"
     with pytest.raises(ValueError, match="window"):
         ProfileGatePress(compression_ratio=0.5, window=2.0)

@@ -8,7 +8,8 @@
   kvpress's count (``presses.gate_layers``, snapkv's prefill time and peak), ``topk_gate_layers``, with the most
   recent ``<pct>`` % of each head's count kept as the fill in ``topk_gate_layers_recent<pct>``; or each layer
   evicted in its own hook into a ragged cache, each head keeping its count of a per-head budget profile learned
-  offline (``presses.gate_profile``), ``topk_gate_profile_ragged`` and ``topk_gate_profile_recent<pct>_ragged``.
+  offline (``presses.gate_profile``), ``topk_gate_profile_ragged`` and ``topk_gate_profile_recent<pct>_ragged``, or
+  each layer keeping its heads' total of the profile as the top over its heads, ``topk_gate_profile_layers_ragged``.
 - ``ENTROPY_HYBRIDS`` (not shipped; built by name): each head's exact fraction alpha_h follows the entropy of its
   own proposal (``samplers.entropy_stratified``); the rest is priority-sampled with correction. pi_min-h under the
   global budget of prob_min_h (positions, or blocks of 8); KeyDiff softmax-calibrated to the window attention's
@@ -76,6 +77,7 @@ GATES: dict[str, Callable[[float], GatePress]] = {
     **{f"topk_gate_layers_recent{pct}": (lambda ratio, pct=pct: LayerGatePress(compression_ratio=ratio, window=pct / 100))
        for pct in (10, 25, 50)},
     "topk_gate_profile_ragged": lambda ratio: ProfileGatePress(compression_ratio=ratio),
+    "topk_gate_profile_layers_ragged": lambda ratio: ProfileGatePress(compression_ratio=ratio, scope="layer"),
     **{f"topk_gate_profile_recent{pct}_ragged": (lambda ratio, pct=pct: ProfileGatePress(compression_ratio=ratio,
                                                                                         window=pct / 100))
        for pct in (10, 25)},

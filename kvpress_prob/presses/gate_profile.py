@@ -50,15 +50,22 @@ class ProfileGatePress(GatePress):
     profile : str, Profile or None, default None
         The budget profile: a ``Profile``, or a file's path (``learned.profile.save_profile``'s format). None: the
         package's profile of the model (``learned.profile.load_profile``), refused for another model.
+    scope : {"head", "layer"}, default "head"
+        "head": each head keeps its own profile count. "layer": each layer keeps the sum of its heads' counts, as
+        the top of its heads' ranked scores together (the heads of a layer share its budget by the gate's scores,
+        as AdaKV does within a layer); the model's total is the same.
     """
 
     window: float = 0.0
     profile: str | Profile | None = field(default=None, repr=False)
+    scope: str = "head"
 
     def __post_init__(self):
         super().__post_init__()
         if not 0.0 <= self.window <= 1.0:
             raise ValueError(f"window must be in [0, 1], got {self.window}")
+        if self.scope not in ("head", "layer"):
+            raise ValueError(f"scope must be 'head' or 'layer', got {self.scope!r}")
         self._profile: Profile | None = None
         self._counts: torch.Tensor | None = None  # (L, H): this prefill's counts, fixed before the first layer's hook
 
@@ -78,8 +85,9 @@ class ProfileGatePress(GatePress):
         return profile_counts(self._profile, self.compression_ratio, n)
 
     def head_keep(self, scores: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """(1, H, n) bool: each head's top ``counts`` (H,) of its gate ``scores`` (1, H, n): its first ``n_sink``
-        entries, then its ``int(window * count)`` most recent, then the gate's top (ties to the earlier entry)."""
+        """(1, H, n) bool: each head's top ``counts`` (H,) of its gate ``scores`` (1, H, n) ranked as: its first
+        ``n_sink`` entries, then its ``int(window * count)`` most recent, then the gate's top (ties to the earlier
+        entry). Under ``scope="layer"``, the top ``counts.sum()`` of the layer's ranked entries over all its heads."""
         n = scores.shape[-1]
         ranked = scores.float().clone()
         top = ranked.amax() + 1.0
@@ -87,6 +95,12 @@ class ProfileGatePress(GatePress):
         recent = (self.window * counts.to(scores.device).double()).floor()[None, :, None]  # (1, H, 1)
         ranked = torch.where(torch.arange(n, device=scores.device) >= n - recent, top + position, ranked)
         ranked[..., : self.n_sink] = top + 2.0
+        if self.scope == "layer":
+            H = ranked.shape[1]
+            order = ranked.reshape(1, H * n).argsort(dim=-1, descending=True, stable=True)
+            keep = torch.zeros(1, H * n, dtype=torch.bool, device=scores.device)
+            keep.scatter_(-1, order, torch.arange(H * n, device=scores.device)[None] < int(counts.sum()))
+            return keep.view(1, H, n)
         order = ranked.argsort(dim=-1, descending=True, stable=True)
         keep = torch.zeros_like(ranked, dtype=torch.bool)
         keep.scatter_(-1, order, torch.arange(n, device=scores.device) < counts.to(scores.device)[None, :, None])
@@ -110,8 +124,9 @@ class ProfileGatePress(GatePress):
             self._counts = self.counts(hidden_states.shape[1])
             self.kept = []
         scores = self.gate_scores(layer_idx, hidden_states)  # (1, H, n)
-        evict_ragged(cache, layer_idx, self.head_keep(scores, self._counts[self._layers.index(layer_idx)]))
-        self.kept.append(self._counts[self._layers.index(layer_idx)].tolist())
+        keep = self.head_keep(scores, self._counts[self._layers.index(layer_idx)])
+        evict_ragged(cache, layer_idx, keep)
+        self.kept.append(keep[0].sum(-1).tolist())
         return output
 
     @torch.no_grad()
@@ -121,9 +136,11 @@ class ProfileGatePress(GatePress):
         if self.compression_ratio == 0:
             return
         counts = self.counts(scores[self._layers[0]].shape[-1])
+        self.kept = []
         for row, layer_idx in enumerate(self._layers):
-            evict_ragged(cache, layer_idx, self.head_keep(scores[layer_idx], counts[row]))
-        self.kept = counts.tolist()
+            keep = self.head_keep(scores[layer_idx], counts[row])
+            evict_ragged(cache, layer_idx, keep)
+            self.kept.append(keep[0].sum(-1).tolist())
 
 
 __all__ = ["ProfileGatePress"]

@@ -12,7 +12,7 @@ measure) $PY -m experiments.fast_profile measure ;;
 ruler) $PY -m evaluation run --context-length 1024 --data-seed 0 --n-examples 8 \
   --tasks niah_single_1 niah_single_2 niah_single_3 niah_multikey_2 niah_multikey_3 niah_multivalue niah_multiquery fwe \
   --ratios 0.5 0.75 0.9 --seeds 0 --decode-batch 48 --presses ${PRESSES:-topk_gate_profile_ragged \
-  topk_gate_profile_recent10_ragged topk_gate_profile_recent25_ragged topk_gate_ragged topk_gate_layers_recent25} \
+  topk_gate_profile_recent10_ragged topk_gate_profile_layers_ragged topk_gate_ragged topk_gate_layers_recent25} \
   --out results/dev/fast-profile-ruler-1024 ;;
 table) { $PY -m experiments.fast_profile table && $PY -m experiments.fast_profile quality; } \
   > results/dev/fast-profile/table.md ;;
