@@ -254,6 +254,14 @@ def quality():
     out.columns = ["press", "r", "RULER", f"{reference}", "difference", "lo", "hi", "examples"]
     print("\n## RULER development (8 examples, 1024 tokens): each press against KVzip's global top, paired\n")
     print("Command: `sh results/dev/run-fast-profile.sh ruler`, then `... quality`.\n")
+    out["r"] = out["r"].map("{:g}".format)
+    print(markdown_table(out.sort_values(["press", "r"]), index=False, float_format="{:.1f}"))
+    today = "topk_gate_layers_recent25"
+    rows = [paired_table(df, "score", "press", p, today, by=["compression_ratio"]) for p in presses if p != today]
+    out = pd.concat(rows)[["a", "compression_ratio", "mean_a", "mean_b", "mean", "lo", "hi", "n"]]
+    out.columns = ["press", "r", "RULER", today, "difference", "lo", "hi", "examples"]
+    out["r"] = out["r"].map("{:g}".format)
+    print(f"\nThe same, against today's `RECOMMENDED_FAST` ({today}), paired:\n")
     print(markdown_table(out.sort_values(["press", "r"]), index=False, float_format="{:.1f}"))
 
 
