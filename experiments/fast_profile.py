@@ -13,7 +13,7 @@ For each measuring context: KVzip's scores (``gate_training.kvzip_labels``, cach
 model's gate folder) and the gate's (one plain prefill). Every row is a kept set of one context, sinks pinned,
 compared with KVzip's global top (``per_head.global_top`` of KVzip's pinned scores, ``topk_kvzip_global``'s kept
 set): kept-set recall = |kept & KVzip's| / |KVzip's|. Rows:
-- (a) ``profile_kvzip``: each head keeps its profile count (``learned.profile``: the mean share of KVzip's global
+- (a) ``profile_kvzip``: each head keeps its profile count (``presses.budget_profile``, ``learned.profile``: the mean share of KVzip's global
   top each head holds on the fitting contexts), filled with KVzip's exact scores: the allocation's loss alone;
 - (b) ``profile_gate``: the same counts filled with the gate's scores;
 - (c) ``gate_global``: the gate's global top (``topk_gate_ragged``);
@@ -30,7 +30,7 @@ set): kept-set recall = |kept & KVzip's| / |KVzip's|. Rows:
 The shipped profile (``kvpress_prob/learned/artefacts/``) is learned on the fitting contexts alone, on ``GRID``:
   PYTHONPATH=$PWD OMP_NUM_THREADS=1 .venv/bin/python -m experiments.fast_profile learn
   PYTHONPATH=$PWD OMP_NUM_THREADS=1 .venv/bin/python -m experiments.fast_profile measure
-  PYTHONPATH=$PWD .venv/bin/python -m experiments.fast_profile table > results/dev/fast-profile/table.md"""
+  PYTHONPATH=$PWD .venv/bin/python -m experiments.fast_profile table > results/archive/dev/fast-profile/table.md"""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 from kvpress.utils import compute_n_kept
 
-OUT = Path("results/dev/fast-profile")
+OUT = Path("results/archive/dev/fast-profile")
 RATIOS = (0.5, 0.75, 0.9)
 N_SINK = 4
 RECALL_WINDOWS = 6
@@ -116,7 +116,7 @@ def recent_first(scores: torch.Tensor, counts: torch.Tensor, window: float) -> t
 def rows(kvzip: torch.Tensor, gate: torch.Tensor, profile, ratio: float, thresholds: torch.Tensor | None
          ) -> dict[str, torch.Tensor]:
     """Each row's kept set (L, 1, H, n) bool for one context (see the module); KVzip's own under ``"kvzip_global"``."""
-    from kvpress_prob.learned.profile import profile_counts
+    from kvpress_prob.presses.budget_profile import profile_counts
     from kvpress_prob.presses.per_head import global_top
 
     L, H, n = kvzip.shape
@@ -139,7 +139,7 @@ def layer_thresholds(gates: list[torch.Tensor], profile, ratio: float) -> torch.
     """(L,) per-layer thresholds on the gate's scores: on the fitting contexts' gate scores ``gates`` (each (L, H, n)),
     the quantile at which each layer keeps its profile share of snapkv's count (KVzap's thresholds, calibrated
     offline to the budget)."""
-    from kvpress_prob.learned.profile import profile_counts
+    from kvpress_prob.presses.budget_profile import profile_counts
 
     L = gates[0].shape[0]
     out = torch.empty(L)
@@ -213,7 +213,8 @@ def learn():
     """Fit the profile of KVzip's global allocation on the fitting contexts' labels at ``GRID`` and write it to the
     package's artefacts (``learned.profile.profile_path``), with the model key, the contexts' digests and the command."""
     from evaluation.bench import common
-    from kvpress_prob.learned.profile import fit_profile, profile_path, save_profile
+    from kvpress_prob.learned.profile import fit_profile, save_profile
+    from kvpress_prob.presses.budget_profile import profile_path
     from kvpress_prob.presses import gate_training as gt
 
     torch.set_num_threads(1)
@@ -230,13 +231,13 @@ def learn():
     print(path)
 
 
-RULER = Path("results/dev/fast-profile-ruler-1024")
+RULER = Path("results/archive/dev/fast-profile-ruler-1024")
 #: RULER development records of the presses not rerun here (deterministic, no gate): the same 8 examples.
-RULER_RECORDS = (Path("results/dev/ragged-ruler-1024"), Path("results/dev/round3-ruler-1024"))
+RULER_RECORDS = (Path("results/archive/dev/ragged-ruler-1024"), Path("results/archive/dev/round3-ruler-1024"))
 
 
 def quality():
-    """RULER development scores (8 examples) of the fast presses (``results/dev/run-fast-profile.sh ruler``), with
+    """RULER development scores (8 examples) of the fast presses (``results/archive/dev/run-fast-profile.sh ruler``), with
     each one's paired difference to KVzip's global top, 95 % t-intervals over the examples."""
     import pandas as pd
 
@@ -253,7 +254,7 @@ def quality():
     out = pd.concat(rows)[["a", "compression_ratio", "mean_a", "mean_b", "mean", "lo", "hi", "n"]]
     out.columns = ["press", "r", "RULER", f"{reference}", "difference", "lo", "hi", "examples"]
     print("\n## RULER development (8 examples, 1024 tokens): each press against KVzip's global top, paired\n")
-    print("Command: `sh results/dev/run-fast-profile.sh ruler`, then `... quality`.\n")
+    print("Command: `sh results/archive/dev/run-fast-profile.sh ruler`, then `... quality`.\n")
     out["r"] = out["r"].map("{:g}".format)
     print(markdown_table(out.sort_values(["press", "r"]), index=False, float_format="{:.1f}"))
     today = "topk_gate_layers_recent25"

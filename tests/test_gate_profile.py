@@ -1,4 +1,4 @@
-"""The per-head budget profile (kvpress_prob/learned/profile.py) and the press applying it in each layer's hook
+"""The per-head budget profile (kvpress_prob/presses/budget_profile.py, learned by kvpress_prob/learned/profile.py) and the press applying it in each layer's hook
 (kvpress_prob/presses/gate_profile.py): counts against an exact budget and an explicit largest remainder; each
 layer a RaggedLayer of its kept entries when the next layer starts; the kept set against an explicit ranking;
 logits against a float64 dense reference on the kept entries; refusals of another model's profile."""
@@ -13,8 +13,9 @@ from transformers import DynamicCache
 from evaluation.engine import Prefill, press_prefill, teacher_forced
 from experiments.zip_gap import dense_reference, float64_copy
 from kvpress_prob.cache import RaggedLayer
-from kvpress_prob.learned.profile import (Profile, fit_profile, largest_remainder, load_profile, profile_counts,
-                                          read_profile, save_profile)
+from kvpress_prob.learned.profile import fit_profile, save_profile
+from kvpress_prob.presses.budget_profile import (Profile, largest_remainder, load_profile, profile_counts,
+                                                 read_profile)
 from kvpress_prob.names.registry import get_press
 from kvpress_prob.presses import gate_training as gt
 from kvpress_prob.presses.gate_profile import ProfileGatePress

@@ -99,7 +99,7 @@ LAYERS = {"models": 0, "attention_functions": 0, "proposals": 0, "testing": 0,
           "correction": 1, "samplers": 1,
           "cache": 2,
           "presses": 3,
-          "decoding": 4,
+          "decoding": 4, "learned": 4,
           "names": 5,
           "integrations": 6}
 

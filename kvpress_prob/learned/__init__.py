@@ -1,1 +1,1 @@
-"""Artefacts learned offline for a model and shipped as package data: the per-head budget profile (``profile``)."""
+"""What is learned offline for a model from its development contexts (the per-head budget profile), shipped in artefacts/."""

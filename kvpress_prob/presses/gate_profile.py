@@ -6,8 +6,8 @@ last layer's scores (its peak is above snapkv's). ``LayerGatePress`` evicts each
 head kvpress's count, so no head can hold the large share that KVzip's global top gives the few heads that carry
 retrieval. ``ProfileGatePress`` evicts each layer in its own hook, as kvpress's scorer presses do, and gives each
 (layer, KV head) its count from a budget profile learned offline on development contexts
-(``kvpress_prob.learned.profile``: the mean share each head holds of KVzip's global top, LU-KV's and HeadKV's
-offline per-head budgets), fixed for the whole model from the context length before the first layer's hook. The
+(``presses.budget_profile``, learned by ``kvpress_prob.learned.profile``: the mean share each head holds of
+KVzip's global top, LU-KV's and HeadKV's offline per-head budgets), fixed for the whole model from the context length before the first layer's hook. The
 counts sum exactly to snapkv's ``L H compute_n_kept(n, r)``; within each head the gate's scores choose (sinks
 first, then an optional recent window of the head's count). Each layer becomes a ``RaggedLayer`` in its hook
 (``evict_ragged``), so no layer's full K+V outlives it.
@@ -23,7 +23,7 @@ from torch import nn
 from transformers import QuantizedCache
 
 from kvpress_prob.cache import evict_ragged
-from kvpress_prob.learned.profile import Profile, load_profile, profile_counts
+from kvpress_prob.presses.budget_profile import Profile, load_profile, profile_counts
 from kvpress_prob.presses import gate_training
 from kvpress_prob.presses.gate import GatePress
 
@@ -49,7 +49,7 @@ class ProfileGatePress(GatePress):
         gate's top.
     profile : str, Profile or None, default None
         The budget profile: a ``Profile``, or a file's path (``learned.profile.save_profile``'s format). None: the
-        package's profile of the model (``learned.profile.load_profile``), refused for another model.
+        package's profile of the model (``budget_profile.load_profile``), refused for another model.
     scope : {"head", "layer"}, default "head"
         "head": each head keeps its own profile count. "layer": each layer keeps the sum of its heads' counts, as
         the top of its heads' ranked scores together (the heads of a layer share its budget by the gate's scores,
@@ -81,7 +81,7 @@ class ProfileGatePress(GatePress):
             self._profile = load_profile(gate_training.model_key(model), heads, self.profile)
 
     def counts(self, n: int) -> torch.Tensor:
-        """(L, H) long: each head's kept count for a context of ``n`` tokens (``learned.profile.profile_counts``)."""
+        """(L, H) long: each head's kept count for a context of ``n`` tokens (``budget_profile.profile_counts``)."""
         return profile_counts(self._profile, self.compression_ratio, n)
 
     def head_keep(self, scores: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
