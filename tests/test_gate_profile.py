@@ -11,7 +11,7 @@ from kvpress.utils import compute_n_kept
 from transformers import DynamicCache
 
 from evaluation.engine import Prefill, press_prefill, teacher_forced
-from experiments.zip_gap import dense_reference, float64_copy
+from kvpress_prob.testing.reference import dense_reference, float64_copy
 from kvpress_prob.cache import RaggedLayer
 from kvpress_prob.learned.profile import fit_profile, save_profile
 from kvpress_prob.presses.budget_profile import (Profile, largest_remainder, load_profile, profile_counts,
