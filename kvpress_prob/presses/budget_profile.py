@@ -29,8 +29,8 @@ from kvpress.utils import compute_n_kept
 
 from kvpress_prob.samplers.base import check_ratio
 
-#: The package's profiles (package data, written by ``learned.profile``): one file per model key,
-#: ``profile-<model key>.safetensors``.
+#: The package's profiles (package data, written by ``learned.profile``): one per model key,
+#: ``<model key>/profile.safetensors``.
 ARTEFACTS = Path(__file__).parent.parent / "learned" / "artefacts"
 
 
@@ -133,8 +133,8 @@ def read_profile(path: Path) -> Profile:
 
 
 def profile_path(model_key: str) -> Path:
-    """The package's profile file for the model key ``model_key``."""
-    return ARTEFACTS / f"profile-{model_key}.safetensors"
+    """The package's profile file for the model key ``model_key``: ``ARTEFACTS/<model key>/profile.safetensors``."""
+    return ARTEFACTS / model_key / "profile.safetensors"
 
 
 def load_profile(model_key: str, heads: tuple[int, int], path: Path | None = None) -> Profile:
