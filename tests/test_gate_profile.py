@@ -3,6 +3,7 @@
 layer a RaggedLayer of its kept entries when the next layer starts; the kept set against an explicit ranking;
 logits against a float64 dense reference on the kept entries; refusals of another model's profile."""
 
+import json
 from fractions import Fraction
 
 import pytest
@@ -229,3 +230,20 @@ def test_engine_shared_prefill_matches_the_press_and_names_read_back():
     assert get_press("topk_gate_profile_layers_ragged", 0.5).scope == "layer"
     with pytest.raises(ValueError, match="window"):
         ProfileGatePress(compression_ratio=0.5, window=2.0)
+
+
+def test_the_shipped_profile_names_its_model_and_sums_exactly():
+    from kvpress_prob.presses.budget_profile import ARTEFACTS, profile_path
+
+    files = sorted(ARTEFACTS.glob("*/profile.safetensors"))
+    assert files  # the embedded model's profile is package data
+    for path in files:
+        key = path.parent.name
+        profile = load_profile(key, read_profile(path).heads)
+        assert profile_path(key) == path and profile.meta["model_key"] == key
+        assert len(json.loads(profile.meta["context_digests"])) == 30 and "experiments.fast_profile learn" in profile.meta["command"]
+        L, H = profile.heads
+        for n, ratio in [(1024, 0.5), (4096, 0.75), (8192, 0.9)]:
+            assert int(profile_counts(profile, ratio, n).sum()) == L * H * compute_n_kept(n, ratio)
+        with pytest.raises(ValueError, match="learned for the model"):
+            load_profile("another-000000000000", profile.heads, path)
