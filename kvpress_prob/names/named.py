@@ -7,7 +7,10 @@
   (``presses.gate``), ``topk_gate_widest``; under their global top per head in a ragged cache
   (``presses.ragged_presses``), ``topk_gate_ragged``; or each layer evicted in its own hook at kvpress's count
   (``presses.gate_layers``, snapkv's prefill time and peak), ``topk_gate_layers``, with the most recent ``<pct>`` %
-  of each head's count kept as the fill in ``topk_gate_layers_recent<pct>``.
+  of each head's count kept as the fill in ``topk_gate_layers_recent<pct>``; or each layer evicted in its own hook
+  into a ragged cache, each head keeping its count of a per-head budget profile learned offline
+  (``presses.gate_profile``), ``topk_gate_profile_ragged`` and ``topk_gate_profile_recent<pct>_ragged``, or each
+  layer keeping its heads' total of the profile as the top over its heads, ``topk_gate_profile_layers_ragged``.
 - ``ENTROPY_HYBRIDS`` (not shipped; built by name): each head's exact fraction alpha_h follows the entropy of its
   own proposal (``samplers.entropy_stratified``); the rest is priority-sampled with correction. pi_min-h under the
   global budget of prob_min_h (positions, or blocks of 8); KeyDiff softmax-calibrated to the window attention's
@@ -25,6 +28,7 @@ from kvpress import KeyDiffPress, TOVAPress
 from kvpress_prob.proposals.calibrated import CalibratedProposal
 from kvpress_prob.presses.gate import GatePress
 from kvpress_prob.presses.gate_layers import LayerGatePress
+from kvpress_prob.presses.gate_profile import ProfileGatePress
 from kvpress_prob.presses.allocations import ALLOCATIONS
 from kvpress_prob.presses.kvzip_alloc import KVzipAllocatedPress
 from kvpress_prob.presses.ragged_presses import RaggedGatePress
@@ -73,6 +77,11 @@ GATES: dict[str, Callable[[float], GatePress]] = {
     "topk_gate_layers": lambda ratio: LayerGatePress(compression_ratio=ratio),
     **{f"topk_gate_layers_recent{pct}": (lambda ratio, pct=pct: LayerGatePress(compression_ratio=ratio, window=pct / 100))
        for pct in (10, 25, 50)},
+    "topk_gate_profile_ragged": lambda ratio: ProfileGatePress(compression_ratio=ratio),
+    "topk_gate_profile_layers_ragged": lambda ratio: ProfileGatePress(compression_ratio=ratio, scope="layer"),
+    **{f"topk_gate_profile_recent{pct}_ragged": (lambda ratio, pct=pct: ProfileGatePress(compression_ratio=ratio,
+                                                                                        window=pct / 100))
+       for pct in (10, 25)},
 }
 
 #: Every named press of this module.
