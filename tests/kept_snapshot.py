@@ -121,12 +121,22 @@ def _row_hash(x: torch.Tensor) -> list[list[bytes]]:
 
 
 @torch.no_grad()
-def kept(model, press, ids) -> tuple[torch.Tensor, list[int]]:
-    """(L, H_kv, N) bool kept set of ``press`` on ``ids``, and per layer the count of held rows matching no key."""
+def plain(model, ids) -> DynamicCache:
+    """The cache of a plain prefill of ``ids``: the keys a kept set is matched to."""
+    full = DynamicCache()
+    model.model(input_ids=ids, past_key_values=full)
+    return full
+
+
+@torch.no_grad()
+def kept(model, press, ids, full: DynamicCache | None = None) -> tuple[torch.Tensor, list[int]]:
+    """(L, H_kv, N) bool kept set of ``press`` on ``ids``, and per layer the count of held rows matching no key.
+    ``full``: ``plain(model, ids)``, computed here when not given (a caller running many presses on one model and
+    one ``ids`` passes it once)."""
     from kvpress_prob.correction import bias as correction
 
-    full, cache = DynamicCache(), DynamicCache()
-    model.model(input_ids=ids, past_key_values=full)
+    full = plain(model, ids) if full is None else full
+    cache = DynamicCache()
     with press(model):
         model.model(input_ids=ids, past_key_values=cache)
     masks, unmatched = [], []
