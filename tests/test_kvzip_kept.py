@@ -45,7 +45,7 @@ def model_of(fixture: str):
         torch.set_num_threads(1)
         ks._tokenizer_once()
         model = ks.tiny("sdpa") if fixture == "tiny" else kz.embedded()[0]
-        _MODELS[fixture] = model, ks.plain(model, torch.tensor([SNAPSHOT["fixtures"][fixture]["ids"]]))
+        _MODELS[fixture] = model, ks.plain_prefill(model, torch.tensor([SNAPSHOT["fixtures"][fixture]["ids"]]))
     return _MODELS[fixture]
 
 
