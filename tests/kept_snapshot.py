@@ -28,6 +28,7 @@ fields). Run as a script, it writes ``tests/data/kept-<commit>.json``:
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import shlex
@@ -105,7 +106,20 @@ def build(label: str, ratio: float):
 
     name, _, rest = label.partition("[")
     overrides = dict(item.split("=", 1) for item in rest[:-1].split(",")) if rest else {}
-    return get_press(name, ratio, **{k: _value(v) for k, v in overrides.items()})
+    press = get_press(name, ratio, **{k: _value(v) for k, v in overrides.items()})
+    if getattr(press, "tokenizer", False) is None:  # SpanPress: the tokenizer it would load from the model, loaded once
+        press.tokenizer = _embedded_tokenizer()
+    return press
+
+
+@functools.lru_cache(maxsize=1)
+def _embedded_tokenizer():
+    """The embedded model's tokenizer: the models here carry its path as their ``name_or_path``."""
+    from transformers import AutoTokenizer
+
+    from kvpress_prob.models import embedded_model_path
+
+    return AutoTokenizer.from_pretrained(embedded_model_path())
 
 
 def names() -> list[str]:
@@ -121,12 +135,22 @@ def _row_hash(x: torch.Tensor) -> list[list[bytes]]:
 
 
 @torch.no_grad()
-def kept(model, press, ids) -> tuple[torch.Tensor, list[int]]:
-    """(L, H_kv, N) bool kept set of ``press`` on ``ids``, and per layer the count of held rows matching no key."""
+def plain_prefill(model, ids) -> DynamicCache:
+    """The cache of a plain prefill of ``ids``: the keys a kept set is matched to."""
+    full = DynamicCache()
+    model.model(input_ids=ids, past_key_values=full)
+    return full
+
+
+@torch.no_grad()
+def kept(model, press, ids, full: DynamicCache | None = None) -> tuple[torch.Tensor, list[int]]:
+    """(L, H_kv, N) bool kept set of ``press`` on ``ids``, and per layer the count of held rows matching no key.
+    ``full``: ``plain_prefill(model, ids)``, computed here when not given (a caller running many presses on one model and
+    one ``ids`` passes it once)."""
     from kvpress_prob.correction import bias as correction
 
-    full, cache = DynamicCache(), DynamicCache()
-    model.model(input_ids=ids, past_key_values=full)
+    full = plain_prefill(model, ids) if full is None else full
+    cache = DynamicCache()
     with press(model):
         model.model(input_ids=ids, past_key_values=cache)
     masks, unmatched = [], []

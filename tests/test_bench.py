@@ -304,6 +304,7 @@ def test_bias_snapshot_lets_caches_decode_in_lockstep():
     assert speed.bias_bytes(model) == 0  # the modules are left clean
 
 
+@pytest.mark.slow  # the whole speed bench: `make test-all`
 def test_speed_run_end_to_end_on_a_tiny_model(tmp_path, tokenizer):
     """The whole speed bench on a tiny model: every table is filled, the byte figures agree with the
     press's stats, and the prefill peak memory is recorded for each press on both paths."""

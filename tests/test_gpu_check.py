@@ -12,6 +12,7 @@ from evaluation.report import price
 from kvpress_prob.names.registry import RECOMMENDED
 
 
+@pytest.mark.slow  # the whole GPU check's dry run: `make test-all`
 def test_dry_run_end_to_end(tmp_path):
     kvprob(["gpu-check", "--dry-run", "--out", str(tmp_path), "--lengths", "96", "--decode-steps", "2",
             "--presses", "snapkv", "prob_snapkv"])

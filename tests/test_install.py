@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # a wheel built and installed: `make test-all`
+
 SOURCES = ["kvpress_prob", "evaluation", "pyproject.toml", "README.md", "LICENSE"]
 
 

@@ -24,7 +24,8 @@ SNAPSHOT = json.loads((Path(__file__).resolve().parent / "data" / "kept-7ab10c4.
 @pytest.fixture(scope="module")
 def models():
     torch.set_num_threads(1)
-    return {"sdpa": ks.tiny("sdpa"), "eager": ks.tiny("eager")}, ks.ids()
+    nets, ids = {"sdpa": ks.tiny("sdpa"), "eager": ks.tiny("eager")}, ks.ids()
+    return nets, ids, {attn: ks.plain_prefill(net, ids) for attn, net in nets.items()}
 
 
 _PERTURBED: dict = {}
@@ -75,13 +76,13 @@ def test_the_snapshot_covers_the_catalogue_and_the_records():
 
 @pytest.mark.parametrize("name", sorted(SNAPSHOT["presses"]))
 def test_same_kept_set(models, name):
-    nets, ids = models
+    nets, ids, plain = models
     entry = SNAPSHOT["presses"][name]
     assert ks.attention_of(ks.build(name, 0.5)) == entry["attn"]
     total = 0
     for ratio in ks.RATIOS:
         want = entry[str(ratio)]
-        mask, unmatched = ks.kept(nets[entry["attn"]], ks.build(name, ratio), ids)
+        mask, unmatched = ks.kept(nets[entry["attn"]], ks.build(name, ratio), ids, plain[entry["attn"]])
         assert list(mask.shape) == want["shape"], (name, ratio)
         assert unmatched == want["unmatched"], (name, ratio)
         expected = ks.unbits(want["bits"], want["shape"])

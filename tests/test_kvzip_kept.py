@@ -40,10 +40,12 @@ _MODELS: dict = {}
 
 
 def model_of(fixture: str):
+    """The fixture's model and its plain prefill of the snapshot's ids (made once per worker)."""
     if fixture not in _MODELS:
         torch.set_num_threads(1)
         ks._tokenizer_once()
-        _MODELS[fixture] = ks.tiny("sdpa") if fixture == "tiny" else kz.embedded()[0]
+        model = ks.tiny("sdpa") if fixture == "tiny" else kz.embedded()[0]
+        _MODELS[fixture] = model, ks.plain_prefill(model, torch.tensor([SNAPSHOT["fixtures"][fixture]["ids"]]))
     return _MODELS[fixture]
 
 
@@ -61,12 +63,12 @@ def test_the_snapshot_covers_every_kvzip_press_and_both_fixtures():
 
 @pytest.mark.parametrize("fixture, name", CASES)
 def test_same_kept_set_as_before_the_fast_scoring(fixture, name):
-    model, ids = model_of(fixture), torch.tensor([SNAPSHOT["fixtures"][fixture]["ids"]])
+    (model, full), ids = model_of(fixture), torch.tensor([SNAPSHOT["fixtures"][fixture]["ids"]])
     entry = SNAPSHOT["fixtures"][fixture]["presses"][name]
     compared = 0
     for ratio in SNAPSHOT["ratios"]:
         want = entry[str(ratio)]
-        mask, unmatched = ks.kept(model, ks.build(RENAMED.get(name, name), ratio), ids)
+        mask, unmatched = ks.kept(model, ks.build(RENAMED.get(name, name), ratio), ids, full)
         expected = ks.unbits(want["bits"], want["shape"])
         assert list(mask.shape) == want["shape"] and unmatched == want["unmatched"], (name, ratio)
         assert torch.equal(mask.sum(-1), expected.sum(-1)), f"{name} at r = {ratio}: counts differ"

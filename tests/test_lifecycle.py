@@ -61,6 +61,7 @@ print("unchanged until entered")
 """
 
 
+@pytest.mark.slow  # a fresh interpreter: `make test-all`
 def test_import_leaves_kvpress_and_the_attention_functions_as_they_were():
     """A fresh interpreter: every kvpress class's ``__init__`` and every entry of
     ``ALL_ATTENTION_FUNCTIONS`` are the same objects before and after importing the package; entering

@@ -21,6 +21,7 @@ carry no "round N" / "issue N"; README.md has at most 2,000 words.
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -42,11 +43,17 @@ TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d+|->|==|[^\sA-Za-z0-9_`]")
 GAP = 6  # at most this many connecting tokens between a role and a press
 
 
-def registered(word: str) -> bool:
+@functools.lru_cache(maxsize=None)
+def _builds(word: str) -> bool:
+    """Whether ``word`` names a prefill or decoding press (the names do not change while the tests run)."""
     from kvpress_prob import DECODING_PRESSES, PRESSES
 
-    return bool(re.fullmatch(r"[a-z][a-z0-9_]*", word)) and (
-        word in PRESSES or word in DECODING_PRESSES or word in {getattr(registry, c) for c in CONSTANTS})
+    return bool(re.fullmatch(r"[a-z][a-z0-9_]*", word)) and (word in PRESSES or word in DECODING_PRESSES)
+
+
+def registered(word: str) -> bool:
+    return _builds(word) or (bool(re.fullmatch(r"[a-z][a-z0-9_]*", word))
+                             and word in {getattr(registry, c) for c in CONSTANTS})
 
 
 def exempt_lines(path: Path, lines: list[str]) -> set[int]:
@@ -95,6 +102,8 @@ def statements(path: Path, text: str | None = None) -> list[tuple[int, str, str]
     for r, role in roles:
         for p, press in presses:
             lo, hi = min(r, p), max(r, p)
+            if hi - lo > GAP + 2:
+                continue  # more than GAP tokens between them, even with "for" dropped below
             between = [t.lower() for _, t in toks[lo + 1:hi]]
             if role in FOR_ROLES.values() and p < r and between[-1:] == ["for"]:
                 between = between[:-1]  # "x for prose": "for" belongs to the role

@@ -136,6 +136,7 @@ def test_rounds_on_a_tiny_model():
     assert "Where the prefill's time goes" in text and "load average" in text
 
 
+@pytest.mark.slow  # the bench command, its press in a child process: `make test-all`
 def test_the_bench_command_runs_each_press_in_a_fresh_process(tmp_path, tokenizer, monkeypatch):
     """The command end to end on a saved tiny model, one round: the press runs in a child process (a press that
     ran here would count in ``calls``), large blocks unmapped when freed there."""

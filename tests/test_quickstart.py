@@ -33,6 +33,7 @@ def test_the_block_is_found_and_self_contained():
     assert "get_press(RECOMMENDED" in code  # the quickstart shows the default press, by its constant
 
 
+@pytest.mark.slow  # the README's quickstart on the embedded model: `make test-all`
 @pytest.mark.skipif(embedded_model_missing() is not None, reason=f"{embedded_model_missing()}")
 def test_quickstart_runs_as_written(capsys):
     import torch

@@ -182,6 +182,7 @@ def test_cli_fails_fast_on_unknown_names(capsys):
         cli_main(["reproduce", "--preset", "nope"])
 
 
+@pytest.mark.slow  # a `kvprob run` process killed and rerun: `make test-all`
 def test_killed_run_resumes_to_the_same_metrics(tmp_path, tokenizer, monkeypatch):
     """SIGKILL a real `kvprob run` process mid-way, rerun it, and compare with an uninterrupted run (the clean
     run and the rerun in this process, on the killed process's thread count)."""
