@@ -1,2 +1,1 @@
-"""What is learned offline for a model from its development contexts: KVzip's labels, the gates' training loop and
-the per-head budget profile, above the presses that load them; the embedded model's artefacts ship in artefacts/."""
+"""What is learned offline from a model's development contexts (KVzip's labels, the gates, the per-head budget profile)."""
