@@ -238,11 +238,15 @@ def evidence_cell(rec: Recommendation) -> str:
 
 
 def frame(recs: list[Recommendation]) -> pd.DataFrame:
-    """The table: one row per recommendation."""
+    """The table: one row per distinct press, naming every role it holds (its constants, in ``LABELS``' order)."""
+    presses = list(dict.fromkeys(rec.press for rec in recs))
     out = {}
-    for rec in recs:
-        out[f"{rec.label} (`{rec.constant}`)"] = {
-            "press": f"`{rec.press}`", "for": rec.purpose, "worst q": quality_cell(rec),
+    for press in presses:
+        held = [rec for rec in recs if rec.press == press]
+        rec = held[0]
+        roles = ", ".join(r.label for r in held) + " (" + ", ".join(f"`{r.constant}`" for r in held) + ")"
+        out[roles] = {
+            "press": f"`{rec.press}`", "for": "; ".join(r.purpose for r in held), "worst q": quality_cell(rec),
             "q " + " / ".join(_NAMES[g] for g in REGIMES): regimes_cell(rec),
             **{price.COLUMNS[f]: NO_PRICE if rec.price is None else rec.price.cell(f) for f in FIGURES},
             "evidence": evidence_cell(rec)}
