@@ -98,3 +98,26 @@ def greedy_margins(model):
 def random_ids(n: int, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, VOCAB, (1, n), generator=g)
+
+
+def seen_before_each_layer(model, press, ids: torch.Tensor, look) -> dict[int, object]:
+    """Run ``press`` over a prefill of ``ids`` and return, per layer index, what ``look(cache_layers, layer_idx)``
+    says of the cache just before that layer's attention runs (a pre-hook on every attention module, removed after)."""
+    from transformers import DynamicCache
+
+    from kvpress_prob.presses.sampling import language_model
+
+    seen = {}
+
+    def hook(module, args, kwargs):
+        seen[module.layer_idx] = look(kwargs["past_key_values"].layers, module.layer_idx)
+
+    handles = [layer.self_attn.register_forward_pre_hook(hook, with_kwargs=True)
+               for layer in language_model(model).layers]
+    try:
+        with press(model):
+            model.model(input_ids=ids, past_key_values=DynamicCache())
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen

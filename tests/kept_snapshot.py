@@ -78,22 +78,28 @@ def tiny(attn: str = "sdpa", scale: float = 0.0) -> LlamaForCausalLM:
     return model
 
 
-def record_names() -> set[str]:
-    """Every press named in results/**/results.jsonl and in a manifest's ``--presses`` (results/archive/ included)."""
-    names = set()
-    for path in glob.glob(str(ROOT / "results" / "**" / "results.jsonl"), recursive=True):
+def record_sources(pattern: str = "results.jsonl") -> dict[str, str]:
+    """Every press named in results/**/<pattern> records and in a manifest's ``--presses`` (results/archive/
+    included) -> the first file naming it (absolute path, files in sorted order)."""
+    names: dict[str, str] = {}
+    for path in sorted(glob.glob(str(ROOT / "results" / "**" / pattern), recursive=True)):
         for line in Path(path).read_text().splitlines():
-            if line.strip() and "press" in (record := json.loads(line)):
-                names.add(record["press"])
-    for path in glob.glob(str(ROOT / "results" / "**" / "*manifest*.json"), recursive=True):
+            if line.strip() and isinstance(record := json.loads(line), dict) and isinstance(record.get("press"), str):
+                names.setdefault(record["press"], path)
+    for path in sorted(glob.glob(str(ROOT / "results" / "**" / "*manifest*.json"), recursive=True)):
         for run in json.loads(Path(path).read_text()).get("runs", []):
             words = shlex.split(run.get("command") or "")
             if "--presses" in words:
                 for word in words[words.index("--presses") + 1:]:
                     if word.startswith("--"):
                         break
-                    names.add(word)
+                    names.setdefault(word, path)
     return names
+
+
+def record_names() -> set[str]:
+    """Every press named in results/**/results.jsonl and in a manifest's ``--presses`` (results/archive/ included)."""
+    return set(record_sources())
 
 
 def _value(text: str):

@@ -14,7 +14,7 @@ from kvpress_prob.names.registry import get_press
 from kvpress_prob.presses.gate import GatePress
 from kvpress_prob.presses.gate_layers import LayerGatePress
 from kvpress_prob.presses.sampling import language_model
-from tests.conftest import random_ids, tiny_model
+from tests.conftest import random_ids, seen_before_each_layer, tiny_model
 from tests.test_gate import random_gates
 
 
@@ -69,17 +69,8 @@ def test_each_layer_is_evicted_in_its_own_hook():
     model, n, ratio = tiny_model("qwen3"), 80, 0.75
     press = LayerGatePress(compression_ratio=ratio, gates=random_gates(model), window=0.25)
     layers = language_model(model).layers
-    seen = {}
-    handles = [layer.self_attn.register_forward_pre_hook(
-        lambda m, a, kw: seen.__setitem__(m.layer_idx, [c.keys.shape[2] for c in kw["past_key_values"].layers
-                                                        if c.keys is not None and c.keys.numel()]),
-        with_kwargs=True) for layer in layers]
-    try:
-        with press(model):
-            model.model(input_ids=random_ids(n, seed=2), past_key_values=DynamicCache())
-    finally:
-        for handle in handles:
-            handle.remove()
+    seen = seen_before_each_layer(model, press, random_ids(n, seed=2), lambda cache_layers, i: [
+        c.keys.shape[2] for c in cache_layers if c.keys is not None and c.keys.numel()])
     k = compute_n_kept(n, ratio)
     for layer_idx in range(1, len(layers)):
         assert seen[layer_idx][:layer_idx] == [k] * layer_idx

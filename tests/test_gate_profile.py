@@ -9,7 +9,6 @@ from fractions import Fraction
 import pytest
 import torch
 from kvpress.utils import compute_n_kept
-from transformers import DynamicCache
 
 from evaluation.engine import Prefill, press_prefill, teacher_forced
 from kvpress_prob.testing.reference import dense_reference, float64_copy
@@ -20,8 +19,7 @@ from kvpress_prob.presses.budget_profile import (Profile, largest_remainder, loa
 from kvpress_prob.names.registry import get_press
 from kvpress_prob.learned import labels as lb, training as tr
 from kvpress_prob.presses.gate_profile import ProfileGatePress
-from kvpress_prob.presses.sampling import language_model
-from tests.conftest import random_ids, tiny_model
+from tests.conftest import random_ids, seen_before_each_layer, tiny_model
 from tests.test_gate import random_gates
 from tests.test_ragged_presses import _stored_exactly
 
@@ -176,20 +174,9 @@ def test_each_layer_is_ragged_when_the_next_layer_starts():
     model, ratio = tiny_model("qwen3", layers=4), 0.75
     profile = skewed_profile(4, 2, seed=3)
     press = ProfileGatePress(compression_ratio=ratio, gates=random_gates(model), profile=profile)
-    seen = {}
-
-    def look(module, args, kwargs):
-        seen[module.layer_idx] = [(type(c).__name__, list(c.lengths) if isinstance(c, RaggedLayer) else c.keys.shape[2])
-                                  for c in kwargs["past_key_values"].layers[: module.layer_idx]]
-
-    handles = [layer.self_attn.register_forward_pre_hook(look, with_kwargs=True)
-               for layer in language_model(model).layers]
-    try:
-        with press(model):
-            model.model(input_ids=random_ids(N, seed=2), past_key_values=DynamicCache())
-    finally:
-        for handle in handles:
-            handle.remove()
+    seen = seen_before_each_layer(model, press, random_ids(N, seed=2), lambda cache_layers, i: [
+        (type(c).__name__, list(c.lengths) if isinstance(c, RaggedLayer) else c.keys.shape[2])
+        for c in cache_layers[:i]])
     counts = profile_counts(profile, ratio, N).tolist()
     for layer_idx in range(1, 4):
         assert seen[layer_idx] == [("RaggedLayer", counts[i]) for i in range(layer_idx)]

@@ -16,39 +16,22 @@ manifest's command. It is read as one of:
 from __future__ import annotations
 
 import functools
-import glob
 import json
 import math
-import shlex
 from pathlib import Path
 
 import pytest
 
 from kvpress_prob.names.registry import get_press
+from tests.kept_snapshot import record_sources
 
 ROOT = Path(__file__).resolve().parents[1]
 RENAMES = json.loads((ROOT / "results" / "renames.json").read_text())
 
 
 def recorded_names() -> dict[str, str]:
-    """Every press name recorded under results/ -> one file that records it."""
-    names: dict[str, str] = {}
-    for path in sorted(glob.glob(str(ROOT / "results" / "**" / "*.jsonl"), recursive=True)):
-        for line in Path(path).read_text().splitlines():
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            if isinstance(row, dict) and isinstance(row.get("press"), str):
-                names.setdefault(row["press"], path)
-    for path in sorted(glob.glob(str(ROOT / "results" / "**" / "*manifest*.json"), recursive=True)):
-        for run in json.loads(Path(path).read_text()).get("runs", []):
-            words = shlex.split(run.get("command") or "")
-            if "--presses" in words:
-                for word in words[words.index("--presses") + 1:]:
-                    if word.startswith("--"):
-                        break
-                    names.setdefault(word, path)
-    return {name: str(Path(path).relative_to(ROOT)) for name, path in names.items()}
+    """Every press name recorded under results/ (any ``*.jsonl``, and the manifests) -> one file that records it."""
+    return {name: str(Path(path).relative_to(ROOT)) for name, path in record_sources("*.jsonl").items()}
 
 
 NAMES = recorded_names()
