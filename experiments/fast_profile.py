@@ -41,11 +41,11 @@ from pathlib import Path
 import torch
 from kvpress.utils import compute_n_kept
 
+from kvpress_prob.learned.profile import GRID, N_SINK  # the shipped profile's ratios and sinks
+
 OUT = Path("results/archive/dev/fast-profile")
 RATIOS = (0.5, 0.75, 0.9)
-N_SINK = 4
 RECALL_WINDOWS = 6
-GRID = (0.1, 0.25, 0.5, 0.75, 0.9, 0.95)  # the shipped profile's ratios
 
 
 def measuring_contexts(model, tokenizer) -> list[tuple[str, str, torch.Tensor]]:
@@ -212,26 +212,16 @@ def main():
 
 
 def learn():
-    """Fit the profile of KVzip's global allocation on the fitting contexts' labels at ``GRID`` and write it to the
-    package's artefacts (``learned.profile.profile_path``), with the model key, the contexts' digests and the command."""
+    """Fit the profile of KVzip's global allocation on the fitting contexts' labels and write it to the package's
+    artefacts (``learned.profile.learn_profile``), with the model key, the contexts' digests and the command."""
     from evaluation.bench import common
-    from kvpress_prob.learned.profile import fit_profile, save_profile
-    from kvpress_prob.presses.budget_profile import profile_path
-    from kvpress_prob.learned import labels as lb, training as tr
-    from kvpress_prob.presses import artefacts, gate_store
+    from kvpress_prob.learned.profile import learn_profile
 
     torch.set_num_threads(1)
     model, tokenizer = common.load(None)
-    fitting = fitting_contexts(tokenizer)
-    labels = [lb.kvzip_labels(model, ids)[0] for ids in fitting]
-    key = artefacts.model_key(model)
-    meta = {"model_key": key, "source": "KVzip's global top (per_head.global_top), mean share per head",
-            "contexts": "evaluation.tasks.prose.gate.contexts (the default gate's training corpus, development only)",
-            "context_digests": [lb.ids_digest(c) for c in fitting],
-            "command": "PYTHONPATH=$PWD OMP_NUM_THREADS=1 .venv/bin/python -m experiments.fast_profile learn"}
-    path = profile_path(key)
-    save_profile(fit_profile(labels, GRID, N_SINK, meta), path)
-    print(path)
+    print(learn_profile(model, fitting_contexts(tokenizer),
+                        "PYTHONPATH=$PWD OMP_NUM_THREADS=1 .venv/bin/python -m experiments.fast_profile learn",
+                        package=True))
 
 
 RULER = Path("results/archive/dev/fast-profile-ruler-1024")

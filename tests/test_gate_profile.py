@@ -234,3 +234,25 @@ def test_the_shipped_profile_names_its_model_and_sums_exactly():
             assert int(profile_counts(profile, ratio, n).sum()) == L * H * compute_n_kept(n, ratio)
         with pytest.raises(ValueError, match="learned for the model"):
             load_profile("another-000000000000", profile.heads, path)
+
+
+def test_learn_profile_writes_the_users_profile_which_loads_before_the_packages(tmp_path, monkeypatch):
+    """``kvprob train-gate``'s profile step: fitted on the contexts' KVzip labels, written to the user's cache under
+    the model's key, and read from there (not the package's files); another model's key is refused."""
+    from kvpress_prob.learned import labels as lb
+    from kvpress_prob.learned.profile import GRID, learn_profile
+    from kvpress_prob.presses import artefacts
+
+    model = tiny_model("qwen3")
+    monkeypatch.setenv("KVPROB_CACHE", str(tmp_path))  # after the model: its tokenizer stays where it was converted
+    contexts = [random_ids(64, seed=s) for s in (11, 12)]
+    path = learn_profile(model, contexts, "the test's command")
+    key = artefacts.model_key(model)
+    assert path == artefacts.model_dir(model) / "profile.safetensors" and path.is_file()
+    heads = (model.config.num_hidden_layers, model.config.num_key_value_heads)
+    profile = load_profile(key, heads)
+    assert profile.meta["command"] == "the test's command" and profile.grid == GRID
+    assert json.loads(profile.meta["context_digests"]) == [lb.ids_digest(c) for c in contexts]
+    assert torch.allclose(profile.shares.double().sum((-2, -1)), torch.ones(len(GRID), dtype=torch.float64))
+    with pytest.raises(ValueError, match="learned for the model"):
+        load_profile("llama-000000000000", heads, path)

@@ -13,8 +13,15 @@ from pathlib import Path
 
 import torch
 
-from kvpress_prob.presses.budget_profile import Profile
+from kvpress_prob.learned.labels import ids_digest, kvzip_labels
+from kvpress_prob.presses import artefacts
+from kvpress_prob.presses.budget_profile import PROFILE_FILE, Profile, profile_path
 from kvpress_prob.presses.per_head import global_counts
+
+#: The ratios a profile holds (``profile_counts`` interpolates between them).
+GRID = (0.1, 0.25, 0.5, 0.75, 0.9, 0.95)
+#: The first positions every head keeps (the gate presses pin them).
+N_SINK = 4
 
 
 def fit_profile(labels: list[torch.Tensor], grid: tuple[float, ...], n_sink: int = 4, meta: dict | None = None
@@ -36,7 +43,6 @@ def fit_profile(labels: list[torch.Tensor], grid: tuple[float, ...], n_sink: int
     return Profile(torch.stack(shares), tuple(float(r) for r in grid), n_sink, dict(meta or {}))
 
 
-
 def save_profile(profile: Profile, path: Path) -> None:
     """Write ``profile`` as safetensors with its grid, sinks and ``meta`` (strings) as the file's metadata."""
     from safetensors.torch import save_file
@@ -49,5 +55,17 @@ def save_profile(profile: Profile, path: Path) -> None:
               str(path), metadata=metadata)
 
 
+def learn_profile(model, contexts: list[torch.Tensor], command: str, package: bool = False) -> Path:
+    """Fit ``model``'s profile on the KVzip labels (cached) of ``contexts`` (development (1, n) ids) at ``GRID`` and
+    write it, with the model key, the contexts' digests and ``command``, to the user's cache
+    (``artefacts.model_dir``), or to the package's artefacts when ``package``. Returns the file's path."""
+    key = artefacts.model_key(model)
+    labels = [kvzip_labels(model, ids)[0] for ids in contexts]
+    meta = {"model_key": key, "source": "KVzip's global top (per_head.global_top), mean share per head",
+            "context_digests": [ids_digest(c) for c in contexts], "command": command}
+    path = profile_path(key) if package else artefacts.model_dir(model, key) / PROFILE_FILE
+    save_profile(fit_profile(labels, GRID, N_SINK, meta), path)
+    return path
 
-__all__ = ["fit_profile", "save_profile"]
+
+__all__ = ["GRID", "N_SINK", "fit_profile", "learn_profile", "save_profile"]

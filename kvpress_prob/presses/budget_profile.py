@@ -27,11 +27,12 @@ from pathlib import Path
 import torch
 from kvpress.utils import compute_n_kept
 
+from kvpress_prob.presses import artefacts
 from kvpress_prob.samplers.base import check_ratio
 
 #: The package's profiles (package data, written by ``learned.profile``): one per model key,
 #: ``<model key>/profile.safetensors``.
-ARTEFACTS = Path(__file__).parent.parent / "learned" / "artefacts"
+ARTEFACTS = artefacts.PACKAGE_DIR
 
 
 @dataclass(frozen=True)
@@ -132,18 +133,26 @@ def read_profile(path: Path) -> Profile:
     return Profile(shares, grid, int(metadata["n_sink"]), meta)
 
 
+#: A profile's file name, in the user's cache (``artefacts.model_dir``) or the package's artefacts.
+PROFILE_FILE = "profile.safetensors"
+
+
 def profile_path(model_key: str) -> Path:
     """The package's profile file for the model key ``model_key``: ``ARTEFACTS/<model key>/profile.safetensors``."""
-    return ARTEFACTS / model_key / "profile.safetensors"
+    return ARTEFACTS / model_key / PROFILE_FILE
 
 
 def load_profile(model_key: str, heads: tuple[int, int], path: Path | None = None) -> Profile:
     """The profile for the model whose key is ``model_key`` and (layers, KV heads) ``heads``: the file ``path``, else
-    the package's (``profile_path``). Refuses a file learned for another model key or head count."""
-    path = Path(path) if path is not None else profile_path(model_key)
+    the user's (``artefacts.model_dir``, written by ``kvprob train-gate``), else the package's (``profile_path``).
+    Refuses a file learned for another model key or head count."""
+    if path is None:
+        user = artefacts.model_dir(None, model_key) / PROFILE_FILE
+        path = user if user.is_file() else profile_path(model_key)
+    path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no budget profile for the model {model_key!r} at {path}: learn one with "
-                                f"`python -m experiments.fast_profile learn` on that model's development contexts")
+                                f"`kvprob train-gate --model ...` (it trains the gate and the profile)")
     profile = read_profile(path)
     if profile.meta.get("model_key") != model_key:
         raise ValueError(f"the profile {path.name} was learned for the model {profile.meta.get('model_key')!r}, "
@@ -153,5 +162,5 @@ def load_profile(model_key: str, heads: tuple[int, int], path: Path | None = Non
     return profile
 
 
-__all__ = ["ARTEFACTS", "Profile", "largest_remainder", "load_profile", "profile_counts", "profile_path",
+__all__ = ["ARTEFACTS", "Profile", "largest_remainder", "load_profile", "profile_counts", "PROFILE_FILE", "profile_path",
            "read_profile"]

@@ -98,12 +98,14 @@ def command(args) -> str:
 
 
 def cmd_train_gate(args, load) -> dict:
-    """Labels (cached), training (cached), the default if asked, then the held-out recall at ``RATIOS``; prints and
-    returns the record."""
+    """Labels (cached), training (cached), the default if asked, the per-head budget profile on the same contexts'
+    labels (``learned.profile.learn_profile``), then the held-out recall at ``RATIOS``; prints and returns the
+    record."""
     from dataclasses import replace
 
     from kvpress_prob.learned import labels as lb
     from kvpress_prob.learned import training as tr
+    from kvpress_prob.learned.profile import learn_profile
     from kvpress_prob.presses import gate_store as gs
 
     if args.ruler_texts < 0:
@@ -123,6 +125,8 @@ def cmd_train_gate(args, load) -> dict:
 
         packaged, check = package_gate(model, path, heldout, f"{command(args)} --package")
         print(f"package copy: {packaged} (kept share of the float32 gate's: {check['kept_share']})")
+    profile = learn_profile(model, fit, command(args) + " --package" * args.package, package=args.package)
+    print(f"budget profile: {profile}")
     gates = gs.load_gates(path)
     t0 = time.perf_counter()
     counts = {r: [0, 0] for r in RATIOS}
@@ -139,6 +143,7 @@ def cmd_train_gate(args, load) -> dict:
         per_text.append(row)
     recall = {str(r): counts[r][0] / counts[r][1] for r in RATIOS}
     record = {"model": args.model or "embedded", "gate": path.stem, "default": gs.default_gate(model) == path.stem,
+              "profile": str(profile),
               "prose_contexts": args.prose_texts, "ruler_contexts": len(fit) - args.prose_texts,
               "heldout_contexts": len(heldout), "heldout_essays": held_essays, "context": args.context,
               "recall": recall, "recall_counts": {str(r): counts[r] for r in RATIOS}, "recall_per_text": per_text,
