@@ -58,7 +58,9 @@ SINCE = {"cross_kvzip_block1_a75_widest": "tests/test_kvzip_kept.py",
          "topk_kvzip_global": "tests/test_ragged_press.py",
          **{name: "tests/test_ragged_presses.py" for name in ("prob_min_h_ragged", "adakv_snapkv_ragged",
                                                                "topk_gate_ragged")},
-         **{f"cross_kvzip_block1_a{a}_toprest_ragged": "tests/test_ragged_presses.py" for a in (50, 75)}}
+         **{f"cross_kvzip_block1_a{a}_toprest_ragged": "tests/test_ragged_presses.py" for a in (50, 75)},
+         **{name: "tests/test_gate_profile.py" for name in ("topk_gate_profile_ragged", "topk_gate_profile_layers_ragged",
+                                                            "topk_gate_profile_recent10_ragged")}}
 
 
 def test_the_snapshot_covers_the_catalogue_and_the_records():

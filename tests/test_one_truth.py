@@ -3,7 +3,7 @@
 A *statement* of a recommendation ties a registered press name to a role, with nothing between them but
 connecting words and punctuation (``=``, ``:``, ``(``, ``|``, ``is``, ``the``, ``previous``, ``round 2's``, ...):
 
-- a constant's value: ``RECOMMENDED = x``, "`RECOMMENDED` (`x`)", "| default (`RECOMMENDED`) | `x` |",
+- a constant's value (several constants may share it: "| default, prose (`RECOMMENDED`, `RECOMMENDED_PROSE`) | `x` |"): ``RECOMMENDED = x``, "`RECOMMENDED` (`x`)", "| default (`RECOMMENDED`) | `x` |",
   "`x` (the previous `RECOMMENDED`)", ``RECOMMENDED_PROSE: x`` -> the constant must name x;
 - a role word: "x is the default" (``RECOMMENDED``), "x, the fast press" (``RECOMMENDED_FAST``; not "Fast
   KVzip"), "for prose: x" (``RECOMMENDED_PROSE``), "x for retrieval" (``RECOMMENDED_RETRIEVAL``) -> that
@@ -109,7 +109,7 @@ def statements(path: Path, text: str | None = None) -> list[tuple[int, str, str]
                 between = between[:-1]  # "x for prose": "for" belongs to the role
             if p < r and "," in between:
                 continue  # "a, b, the previous RECOMMENDED": a list, not a value
-            if len(between) <= GAP and all(b in CONNECT or b.isdigit() for b in between):
+            if len(between) <= GAP and all(b in CONNECT or b.isdigit() or b.upper() in CONSTANTS for b in between):
                 if toks[p][0] not in skip:
                     found.add((toks[p][0], role, press))
     return sorted(found)

@@ -106,12 +106,16 @@ def test_every_recommendation_is_priced_by_a_committed_record(recs):
         assert rec.price.spread["peak"] == (rows["peak_over_snapkv_lo"].min(), rows["peak_over_snapkv_hi"].max())
 
 
-def test_markdown_table_has_one_row_per_constant(recs):
+def test_markdown_table_has_one_row_per_distinct_press_naming_every_role(recs):
     text = recommended.markdown(recs)
     body = [line for line in text.splitlines() if line.startswith("| ")][2:]
-    assert len(body) == len(recommended.LABELS)
-    for line, rec in zip(body, recs):
-        assert f"`{rec.constant}`" in line and f"`{rec.press}`" in line and f"{rec.worst:.3f}" in line
+    presses = list(dict.fromkeys(rec.press for rec in recs))
+    assert len(body) == len(presses)
+    for line, press in zip(body, presses):
+        held = [rec for rec in recs if rec.press == press]
+        assert f"`{press}`" in line and f"{held[0].worst:.3f}" in line
+        assert all(f"`{rec.constant}`" in line for rec in held)
+    assert sum(line.count("`RECOMMENDED") for line in body) == len(recommended.LABELS)  # every role once
 
 
 def test_replace_block_round_trips(recs):

@@ -93,6 +93,7 @@ def segment_rows(h: torch.Tensor, s: int, generator: torch.Generator) -> tuple[t
     return rows, weights[at]
 
 
+@torch.no_grad()  # a proposal, never differentiated: its buffer is written in place (matmul out=)
 def attention_mass(
     queries: torch.Tensor, rows: torch.Tensor, keys: torch.Tensor, h: torch.Tensor, scaling: float, chunk_size: int
 ) -> torch.Tensor:
