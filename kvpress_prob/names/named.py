@@ -10,7 +10,9 @@
   of each head's count kept as the fill in ``topk_gate_layers_recent<pct>``; or each layer evicted in its own hook
   into a ragged cache, each head keeping its count of a per-head budget profile learned offline
   (``presses.gate_profile``), ``topk_gate_profile_ragged`` and ``topk_gate_profile_recent<pct>_ragged``, or each
-  layer keeping its heads' total of the profile as the top over its heads, ``topk_gate_profile_layers_ragged``.
+  layer keeping its heads' total of the profile as the top over its heads, ``topk_gate_profile_layers_ragged``;
+  ``topk_gate_profile_a<pct>_minh256_ragged``: each head's count is the gate's top for ``<pct>`` % and pi_min-h's
+  top from 256 sampled query rows for the rest.
 - ``ENTROPY_HYBRIDS`` (not shipped; built by name): each head's exact fraction alpha_h follows the entropy of its
   own proposal (``samplers.entropy_stratified``); the rest is priority-sampled with correction. pi_min-h under the
   global budget of prob_min_h (positions, or blocks of 8); KeyDiff softmax-calibrated to the window attention's
@@ -33,7 +35,7 @@ from kvpress_prob.presses.allocations import ALLOCATIONS
 from kvpress_prob.presses.kvzip_alloc import KVzipAllocatedPress
 from kvpress_prob.presses.ragged_presses import RaggedGatePress
 from kvpress_prob.presses.sampling import SamplingPress
-from kvpress_prob.proposals.attention import MinVarianceProposal
+from kvpress_prob.proposals.attention import MinVarianceProposal, SampledMinVarianceProposal
 from kvpress_prob.proposals.base import ScoreProposal
 from kvpress_prob.samplers.block import BlockSampler
 from kvpress_prob.samplers.entropy_stratified import EntropyStratifiedSampler
@@ -82,6 +84,10 @@ GATES: dict[str, Callable[[float], GatePress]] = {
     **{f"topk_gate_profile_recent{pct}_ragged": (lambda ratio, pct=pct: ProfileGatePress(compression_ratio=ratio,
                                                                                         window=pct / 100))
        for pct in (10, 25)},
+    **{f"topk_gate_profile_a{pct}_minh256_ragged": (
+        lambda ratio, pct=pct: ProfileGatePress(compression_ratio=ratio, fill_share=1 - pct / 100,
+                                                fill=SampledMinVarianceProposal(query_rows=256)))
+       for pct in (25, 50, 75)},
 }
 
 #: Every named press of this module.

@@ -9,7 +9,8 @@ retrieval. ``ProfileGatePress`` evicts each layer in its own hook, as kvpress's 
 (``presses.budget_profile``, learned by ``kvpress_prob.learned.profile``: the mean share each head holds of
 KVzip's global top, LU-KV's and HeadKV's offline per-head budgets), fixed for the whole model from the context length before the first layer's hook. The
 counts sum exactly to snapkv's ``L H compute_n_kept(n, r)``; within each head the gate's scores choose (sinks
-first, then an optional recent window of the head's count). Each layer becomes a ``RaggedLayer`` in its hook
+first, then an optional recent window of the head's count, then optionally a fill: the top of a second score, such as
+a sampled-rows pi_min-h, for a share of the head's count). Each layer becomes a ``RaggedLayer`` in its hook
 (``evict_ragged``), so no layer's full K+V outlives it.
 """
 
@@ -26,6 +27,8 @@ from kvpress_prob.cache import evict_ragged
 from kvpress_prob.presses.budget_profile import Profile, load_profile, profile_counts
 from kvpress_prob.presses import artefacts
 from kvpress_prob.presses.gate import GatePress
+from kvpress_prob.presses.prefill_plan import PrefillPlan
+from kvpress_prob.proposals.base import Proposal
 
 
 @dataclass
@@ -54,11 +57,20 @@ class ProfileGatePress(GatePress):
         "head": each head keeps its own profile count. "layer": each layer keeps the sum of its heads' counts, as
         the top of its heads' ranked scores together (the heads of a layer share its budget by the gate's scores,
         as AdaKV does within a layer); the model's total is the same.
+    fill : Proposal or None, default None
+        A second score of each head's entries (a ``Proposal``, computed in the hook on the layer's keys and values,
+        e.g. ``SampledMinVarianceProposal``, a sub-quadratic pi_min-h): ``floor(fill_share * count)`` of each head's
+        count are the fill's top among the entries the sinks, the window and the gate did not keep (as the toprest
+        fill of ``cross_kvzip_block1_a50_toprest_ragged``). None: no fill. Needs ``scope="head"``.
+    fill_share : float, default 0.5
+        Fraction in [0, 1] of each head's count taken by the fill; the sinks, window and gate keep the rest.
     """
 
     window: float = 0.0
     profile: str | Profile | None = field(default=None, repr=False)
     scope: str = "head"
+    fill: Proposal | None = None
+    fill_share: float = 0.5
 
     def __post_init__(self):
         super().__post_init__()
@@ -66,6 +78,12 @@ class ProfileGatePress(GatePress):
             raise ValueError(f"window must be in [0, 1], got {self.window}")
         if self.scope not in ("head", "layer"):
             raise ValueError(f"scope must be 'head' or 'layer', got {self.scope!r}")
+        if not 0.0 <= self.fill_share <= 1.0:
+            raise ValueError(f"fill_share must be in [0, 1], got {self.fill_share}")
+        if self.fill is not None and not isinstance(self.fill, Proposal):
+            raise TypeError(f"fill must be a Proposal or None, got {type(self.fill).__name__}")
+        if self.fill is not None and self.scope != "head":
+            raise ValueError(f"a fill needs scope='head', got scope={self.scope!r}")
         self._profile: Profile | None = None
         self._counts: torch.Tensor | None = None  # (L, H): this prefill's counts, fixed before the first layer's hook
 
@@ -84,27 +102,46 @@ class ProfileGatePress(GatePress):
         """(L, H) long: each head's kept count for a context of ``n`` tokens (``budget_profile.profile_counts``)."""
         return profile_counts(self._profile, self.compression_ratio, n)
 
-    def head_keep(self, scores: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    def head_keep(self, scores: torch.Tensor, counts: torch.Tensor, fill: torch.Tensor | None = None) -> torch.Tensor:
         """(1, H, n) bool: each head's top ``counts`` (H,) of its gate ``scores`` (1, H, n) ranked as: its first
         ``n_sink`` entries, then its ``int(window * count)`` most recent, then the gate's top (ties to the earlier
-        entry). Under ``scope="layer"``, the top ``counts.sum()`` of the layer's ranked entries over all its heads."""
+        entry). With ``fill`` (1, H, n), the last ``floor(fill_share * count)`` of each head's count are the fill's
+        top among the entries not kept before. Under ``scope="layer"``, the top ``counts.sum()`` of the layer's
+        ranked entries over all its heads."""
         n = scores.shape[-1]
+        counts = counts.to(scores.device)
         ranked = scores.float().clone()
         top = ranked.amax() + 1.0
         position = torch.arange(n, device=scores.device, dtype=torch.float32) / n
-        recent = (self.window * counts.to(scores.device).double()).floor()[None, :, None]  # (1, H, 1)
+        recent = (self.window * counts.double()).floor()[None, :, None]  # (1, H, 1)
         ranked = torch.where(torch.arange(n, device=scores.device) >= n - recent, top + position, ranked)
         ranked[..., : self.n_sink] = top + 2.0
         if self.scope == "layer":
             H = ranked.shape[1]
-            order = ranked.reshape(1, H * n).argsort(dim=-1, descending=True, stable=True)
-            keep = torch.zeros(1, H * n, dtype=torch.bool, device=scores.device)
-            keep.scatter_(-1, order, torch.arange(H * n, device=scores.device)[None] < int(counts.sum()))
+            keep = top_counts(ranked.reshape(1, 1, H * n), counts.sum().view(1))
             return keep.view(1, H, n)
-        order = ranked.argsort(dim=-1, descending=True, stable=True)
-        keep = torch.zeros_like(ranked, dtype=torch.bool)
-        keep.scatter_(-1, order, torch.arange(n, device=scores.device) < counts.to(scores.device)[None, :, None])
-        return keep
+        if fill is None:
+            return top_counts(ranked, counts)
+        n_fill = (self.fill_share * counts.double()).floor().long()  # (H,)
+        keep = top_counts(ranked, counts - n_fill)
+        return keep | top_counts(fill.float().masked_fill(keep, float("-inf")), n_fill)
+
+    def fill_scores(self, module: nn.Module, kwargs: dict) -> torch.Tensor | None:
+        """The fill's scores (1, H, n) of the layer ``module`` at its hook (its keys and values in the cache), or
+        None without a fill."""
+        if self.fill is None:
+            return None
+        layer = kwargs["past_key_values"].layers[module.layer_idx]
+        return self.fill(module, kwargs["hidden_states"], layer.keys, layer.values, kwargs)
+
+    def prefill_plan(self, model, n: int) -> PrefillPlan:
+        """``GatePress``'s plan; with a fill, each layer stores its gate scores and fill scores side by side
+        (1, 2 H, n), keyed by the gate and the fill."""
+        if self.fill is None or self.compression_ratio == 0:
+            return super().prefill_plan(model, n)
+        return PrefillPlan("gate", ("gate", self.gate_key, "fill", repr(self.fill)), lambda module, kwargs, output:
+                           torch.cat([self.gate_scores(module.layer_idx, kwargs["hidden_states"]),
+                                      self.fill_scores(module, kwargs).float()], dim=1))
 
     @torch.no_grad()
     def forward_hook(self, module: nn.Module, input: list, kwargs: dict, output: list):
@@ -124,7 +161,7 @@ class ProfileGatePress(GatePress):
             self._counts = self.counts(hidden_states.shape[1])
             self.kept = []
         scores = self.gate_scores(layer_idx, hidden_states)  # (1, H, n)
-        keep = self.head_keep(scores, self._counts[self._layers.index(layer_idx)])
+        keep = self.head_keep(scores, self._counts[self._layers.index(layer_idx)], self.fill_scores(module, kwargs))
         evict_ragged(cache, layer_idx, keep)
         self.kept.append(keep[0].sum(-1).tolist())
         return output
@@ -132,15 +169,29 @@ class ProfileGatePress(GatePress):
     @torch.no_grad()
     def compress_scores(self, cache, scores: dict[int, torch.Tensor]) -> None:
         """Evict every layer of ``cache`` (a full prefill's) from ``scores``: layer index -> that layer's
-        ``gate_scores`` (1, H, n). What the hooks do, layer by layer."""
+        ``gate_scores`` (1, H, n), with a fill its gate and fill scores side by side (1, 2 H, n) (``prefill_plan``).
+        What the hooks do, layer by layer."""
         if self.compression_ratio == 0:
             return
         counts = self.counts(scores[self._layers[0]].shape[-1])
         self.kept = []
         for row, layer_idx in enumerate(self._layers):
-            keep = self.head_keep(scores[layer_idx], counts[row])
+            gate, fill = scores[layer_idx], None
+            if self.fill is not None:
+                gate, fill = gate.chunk(2, dim=1)
+            keep = self.head_keep(gate, counts[row], fill)
             evict_ragged(cache, layer_idx, keep)
             self.kept.append(keep[0].sum(-1).tolist())
 
 
-__all__ = ["ProfileGatePress"]
+def top_counts(ranked: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """(1, H, n) bool: the ``counts`` (H,) highest entries of each head of ``ranked`` (1, H, n), ties to the earlier
+    entry."""
+    n = ranked.shape[-1]
+    order = ranked.argsort(dim=-1, descending=True, stable=True)
+    keep = torch.zeros_like(ranked, dtype=torch.bool)
+    keep.scatter_(-1, order, torch.arange(n, device=ranked.device) < counts.to(ranked.device)[None, :, None])
+    return keep
+
+
+__all__ = ["ProfileGatePress", "top_counts"]
