@@ -7,9 +7,10 @@ position by the nearest key of the full cache's same head (``kvpress_prob.cache.
 the distance is 0 up to rounding, and its largest value is recorded). Per press and ratio (``needle_summary``): the
 needle (each answer's tokens in the context) kept whole in what fraction of (layer, KV head) pairs, in how many layers
 by at least one head, the fraction of needle tokens kept, the spread of kept counts over heads, and the share of kept
-entries among the last 10 % of the context. Resumable: one JSON line per (example, press, ratio).
-  PYTHONPATH=$PWD OMP_NUM_THREADS=1 .venv/bin/python -m experiments.fast_cache measure
-  PYTHONPATH=$PWD .venv/bin/python -m experiments.fast_cache table > results/archive/dev/fast-cache/table.md"""
+entries among the last 10 % of the context; and ``kvzip_recall``, the share of ``topk_kvzip_global``'s kept entries
+(same example and ratio) that the press keeps. Resumable: one JSON line per (example, press, ratio).
+  PYTHONPATH=$PWD OMP_NUM_THREADS=1 .venv/bin/python -m experiments.fast_cache measure [OUT [PRESS ...]]
+  PYTHONPATH=$PWD .venv/bin/python -m experiments.fast_cache table [OUT] > results/archive/dev/fast-cache/table.md"""
 
 import json
 import sys
@@ -40,7 +41,7 @@ def needle_summary(keep: torch.Tensor, spans: list[list[int]]) -> dict:
             "last10_share": int(keep[..., int(0.9 * n):].sum()) / int(keep.sum())}
 
 
-def main():
+def main(out: Path = OUT, presses: list[str] = PRESSES):
     from kvpress.pipeline import KVPressTextGenerationPipeline
 
     from evaluation.bench import common
@@ -51,13 +52,13 @@ def main():
 
     torch.set_num_threads(1)
     done = set()
-    if OUT.exists():
-        done = {(r["example_id"], r["press"], r["compression_ratio"]) for r in map(json.loads, OUT.read_text().splitlines())}
-    OUT.parent.mkdir(parents=True, exist_ok=True)
+    if out.exists():
+        done = {(r["example_id"], r["press"], r["compression_ratio"]) for r in map(json.loads, out.read_text().splitlines())}
+    out.parent.mkdir(parents=True, exist_ok=True)
     model, tokenizer = common.load(None)
     pipe = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer)
     for row in ruler_dev(tokenizer):
-        todo = [(p, r) for p in PRESSES for r in RATIOS if (row["id"], p, r) not in done]
+        todo = [(p, r) for p in presses for r in RATIOS if (row["id"], p, r) not in done]
         if not todo:
             continue
         ids = pipe.preprocess(row["context"], [row["question"]], row["answer_prefix"], max_context_length=10**9)["context_ids"]
@@ -66,26 +67,35 @@ def main():
         spans = [s for s in spans if s]
         with torch.no_grad():
             full = [layer.keys[0].clone() for layer in press_prefill(model, ids, None).layers]  # L x (H, n, d)
-            for name, ratio in todo:
+
+            def kept(name, ratio):
                 cache = press_prefill(model, ids, get_press(name, ratio))
                 matched = [kept_positions(layer, keys) for layer, keys in zip(cache.layers, full)]
-                keep = torch.stack([positions for positions, _ in matched])  # (L, H, n)
+                return torch.stack([positions for positions, _ in matched]), max(d for _, d in matched)  # (L, H, n)
+
+            reference = {r: kept("topk_kvzip_global", r)[0] for r in sorted({r for _, r in todo})}
+            for name, ratio in todo:
+                keep, distance = kept(name, ratio)
                 record = {"example_id": row["id"], "task": row["task"], "press": name, "compression_ratio": ratio,
-                          "n_context": ids.shape[1], "needles": len(spans),
-                          "match_distance_max": max(distance for _, distance in matched), **needle_summary(keep, spans)}
-                with OUT.open("a") as f:
+                          "n_context": ids.shape[1], "needles": len(spans), "match_distance_max": distance,
+                          "kvzip_recall": int((keep & reference[ratio]).sum()) / int(reference[ratio].sum()),
+                          **needle_summary(keep, spans)}
+                with out.open("a") as f:
                     f.write(json.dumps(record) + "\n")
                 print(json.dumps(record), file=sys.stderr, flush=True)
 
 
-def table():
+def table(out: Path = OUT):
     from evaluation.report.tables import markdown_table
 
-    df = pd.read_json(OUT, lines=True)
+    df = pd.read_json(out, lines=True)
+    if "kvzip_recall" not in df:
+        df["kvzip_recall"] = float("nan")  # records written before the field
     out = df.groupby(["press", "compression_ratio"]).agg(
         examples=("example_id", "nunique"), heads_whole=("heads_whole", "mean"), layers_any_head=("layers_any_head", "mean"),
         needle_tokens_kept=("needle_tokens_kept", "mean"), count_min=("count_min", "min"), count_max=("count_max", "max"),
-        count_cv=("count_cv", "mean"), last10_share=("last10_share", "mean"), match_distance_max=("match_distance_max", "max"))
+        count_cv=("count_cv", "mean"), last10_share=("last10_share", "mean"), kvzip_recall=("kvzip_recall", "mean"),
+        match_distance_max=("match_distance_max", "max"))
     print("# What the learned-gate presses and KVzip's global top keep (RULER development, 8 examples, 30 layers x 3 KV "
           "heads)\n")
     print(f"Command: `{__doc__.splitlines()[-2].strip()}`, then `... table`.\n")
@@ -93,4 +103,8 @@ def table():
 
 
 if __name__ == "__main__":
-    {"measure": main, "table": table}[sys.argv[1]]()
+    args = sys.argv[2:]
+    if sys.argv[1] == "measure":
+        main(Path(args[0]) if args else OUT, args[1:] or PRESSES)
+    else:
+        table(Path(args[0]) if args else OUT)

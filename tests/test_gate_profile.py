@@ -19,6 +19,7 @@ from kvpress_prob.presses.budget_profile import (Profile, largest_remainder, loa
 from kvpress_prob.names.registry import get_press
 from kvpress_prob.learned import labels as lb, training as tr
 from kvpress_prob.presses.gate_profile import ProfileGatePress
+from kvpress_prob.proposals.attention import SampledMinVarianceProposal
 from tests.conftest import random_ids, seen_before_each_layer, tiny_model
 from tests.test_gate import random_gates
 from tests.test_ragged_presses import _stored_exactly
@@ -146,6 +147,62 @@ def test_each_head_keeps_its_profile_count_of_sinks_window_and_gate_top(dtype, w
     assert [list(layer.lengths) for layer in cache.layers] == counts.tolist() == press.kept
     assert len(set(counts.flatten().tolist())) > 1
     _stored_exactly(cache, press_prefill(model, ids, None), expected_keep(scores, counts, 4, window))
+
+
+def fill_keep(gate: torch.Tensor, fill: torch.Tensor, counts: torch.Tensor, n_sink: int, share: float) -> torch.Tensor:
+    """(L, 1, H, n): per head, its sinks and then the gate's top (float64, one by one) for count - floor(share *
+    count), then the fill's top among the rest for floor(share * count)."""
+    L, H, n = gate.shape
+    keep = expected_keep(gate, counts - (share * counts.double()).floor().long(), n_sink, 0.0)
+    for l in range(L):
+        for h in range(H):
+            rest = sorted((i for i in range(n) if not keep[l, 0, h, i]), key=lambda i: (-float(fill[l, h, i].double()), i))
+            keep[l, 0, h, rest[: int(share * int(counts[l, h]))]] = True
+    return keep
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("share,ratio", [(0.5, 0.5), (0.25, 0.75), (0.75, 0.9)])
+def test_the_fill_keeps_its_share_as_its_top_outside_the_gates_top(dtype, share, ratio):
+    """The fill (pi_min-h from 16 sampled rows, the proposal recomputed independently on a plain prefill's cache)
+    takes floor(share * count) of each head's count; the gate keeps the rest; in the hooks and in the engine's shared
+    prefill alike."""
+    model = tiny_model("llama", dtype=dtype)
+    ids, gates, profile = random_ids(N, seed=41), random_gates(model), skewed_profile(3, 2, seed=8)
+    scores = tr.gate_scores(gates, lb.attention_inputs(model, ids))
+    fill = SampledMinVarianceProposal(query_rows=16, row_seed=3)
+    plain = press_prefill(model, ids, None)
+    fills = torch.stack([fill_of(model, plain, fill, ids, l)[0] for l in range(3)])  # (L, H, n)
+    counts = profile_counts(profile, ratio, N)
+    press = ProfileGatePress(compression_ratio=ratio, gates=gates, profile=profile, fill=fill, fill_share=share)
+    keep = fill_keep(scores, fills, counts, 4, share)
+    gate_only = expected_keep(scores, counts, 4, 0.0)
+    assert (keep != gate_only).any()  # the fill changes what is kept
+    cache = press_prefill(model, ids, press)
+    assert [list(layer.lengths) for layer in cache.layers] == counts.tolist() == press.kept
+    _stored_exactly(cache, plain, keep)
+    _stored_exactly(Prefill(model, ids, [press]).compress(press), plain, keep)
+
+
+def fill_of(model, cache, fill, ids, layer_idx):
+    """The fill's scores (1, H, n) of layer ``layer_idx`` from the plain prefill's cache and attention input."""
+    module = model.model.layers[layer_idx].self_attn
+    hidden = lb.attention_inputs(model, ids)[layer_idx][None].to(model.dtype)
+    positions = torch.arange(ids.shape[1])[None]
+    kwargs = {"position_embeddings": model.model.rotary_emb(hidden, positions)}
+    layer = cache.layers[layer_idx]
+    return fill(module, hidden, layer.keys, layer.values, kwargs)
+
+
+def test_the_fill_refuses_a_layer_scope_a_share_out_of_range_and_a_non_proposal():
+    with pytest.raises(ValueError, match="fill_share"):
+        ProfileGatePress(compression_ratio=0.5, fill_share=1.5)
+    with pytest.raises(ValueError, match="scope"):
+        ProfileGatePress(compression_ratio=0.5, scope="layer", fill=SampledMinVarianceProposal(query_rows=4))
+    with pytest.raises(TypeError, match="Proposal"):
+        ProfileGatePress(compression_ratio=0.5, fill="snapkv")
+    press = get_press("topk_gate_profile_a25_minh256_ragged", 0.5)
+    assert press.fill_share == 0.75 and press.fill.query_rows == 256
 
 
 def test_layer_scope_keeps_each_layers_total_as_the_top_over_its_heads():

@@ -60,7 +60,9 @@ SINCE = {"cross_kvzip_block1_a75_widest": "tests/test_kvzip_kept.py",
                                                                "topk_gate_ragged")},
          **{f"cross_kvzip_block1_a{a}_toprest_ragged": "tests/test_ragged_presses.py" for a in (50, 75)},
          **{name: "tests/test_gate_profile.py" for name in ("topk_gate_profile_ragged", "topk_gate_profile_layers_ragged",
-                                                            "topk_gate_profile_recent10_ragged")}}
+                                                            "topk_gate_profile_recent10_ragged", "topk_gate_profile_recent25_ragged",
+                                                            *(f"topk_gate_profile_a{a}_minh256_ragged"
+                                                              for a in (25, 50, 75)))}}
 
 
 def test_the_snapshot_covers_the_catalogue_and_the_records():
