@@ -19,6 +19,7 @@ from kvpress_prob.names.registry import (
     RECOMMENDED_FAST,
     RECOMMENDED_PROSE,
     RECOMMENDED_RETRIEVAL,
+    RECOMMENDED_SLOW,
     get_press,
 )
 from kvpress_prob.presses.sampling import SamplingPress
@@ -39,6 +40,7 @@ __all__ = [
     "RECOMMENDED_FAST",
     "RECOMMENDED_PROSE",
     "RECOMMENDED_RETRIEVAL",
+    "RECOMMENDED_SLOW",
     "SamplingDecodingPress",
     "SamplingPress",
     "ScoreProposal",

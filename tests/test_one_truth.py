@@ -32,7 +32,7 @@ from kvpress_prob.names import registry
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 HISTORY = ROOT / "docs" / "research" / "history.md"
-CONSTANTS = ("RECOMMENDED", "RECOMMENDED_FAST", "RECOMMENDED_PROSE", "RECOMMENDED_RETRIEVAL")
+CONSTANTS = ("RECOMMENDED", "RECOMMENDED_FAST", "RECOMMENDED_PROSE", "RECOMMENDED_RETRIEVAL", "RECOMMENDED_SLOW")
 ROLE_WORDS = {"default": "RECOMMENDED", "fast": "RECOMMENDED_FAST"}
 FOR_ROLES = {"prose": "RECOMMENDED_PROSE", "retrieval": "RECOMMENDED_RETRIEVAL"}
 ANY = "any"  # "recommended": one of the four

@@ -1,7 +1,7 @@
 """The recommendations, with their quality, price and evidence, read from one source each.
 
 - which presses: the registry's constants (``kvpress_prob.names.registry``: ``RECOMMENDED``,
-  ``RECOMMENDED_FAST``, ``RECOMMENDED_PROSE``, ``RECOMMENDED_RETRIEVAL``);
+  ``RECOMMENDED_FAST``, ``RECOMMENDED_PROSE``, ``RECOMMENDED_RETRIEVAL``, ``RECOMMENDED_SLOW``);
 - quality: the committed test-split maximin table (``TEST_TABLE``, written by
   ``evaluation.report.maximin_table``): q per regime at each ratio (1 = the regime's best press of the table's
   pool there) and the worst regime's q; the evidence (model, context length, split, example counts, seeds,
@@ -51,7 +51,7 @@ PRICE_RATIO = 0.5
 PRICE_LENGTH = 4096
 #: constant of ``kvpress_prob.names.registry`` -> its label.
 LABELS = {"RECOMMENDED": "default", "RECOMMENDED_FAST": "fast", "RECOMMENDED_PROSE": "prose",
-          "RECOMMENDED_RETRIEVAL": "retrieval"}
+          "RECOMMENDED_RETRIEVAL": "retrieval", "RECOMMENDED_SLOW": "slow"}
 #: constant -> what it is for, in one line.
 PURPOSE = {
     "RECOMMENDED": "the best worst case over retrieval, prose and recall, at kvpress top-k's memory",
@@ -59,6 +59,8 @@ PURPOSE = {
                         "model's gate ships, another model's is trained by kvprob train-gate",
     "RECOMMENDED_PROSE": "the best on prose (next-token KL to the full cache), at kvpress top-k's memory",
     "RECOMMENDED_RETRIEVAL": "the best on RULER retrieval, at kvpress top-k's memory",
+    "RECOMMENDED_SLOW": "the pick the fast one replaced; it needs no trained gate or profile, for a model "
+                        "kvprob train-gate has not trained",
 }
 NO_PRICE = "no price record"
 NO_QUALITY = "no test record"

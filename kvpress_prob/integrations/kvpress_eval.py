@@ -34,8 +34,8 @@ from kvpress_prob.names import registry
 from kvpress_prob.names.registry import PRESSES, get_press
 
 #: The registry's recommendations (``RECOMMENDED``, ``RECOMMENDED_FAST``, ``RECOMMENDED_PROSE``,
-#: ``RECOMMENDED_RETRIEVAL``).
-RECOMMENDATIONS = ("RECOMMENDED", "RECOMMENDED_FAST", "RECOMMENDED_PROSE", "RECOMMENDED_RETRIEVAL")
+#: ``RECOMMENDED_RETRIEVAL``, ``RECOMMENDED_SLOW``).
+RECOMMENDATIONS = ("RECOMMENDED", "RECOMMENDED_FAST", "RECOMMENDED_PROSE", "RECOMMENDED_RETRIEVAL", "RECOMMENDED_SLOW")
 
 
 def default_names() -> list[str]:

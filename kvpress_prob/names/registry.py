@@ -102,16 +102,20 @@ SUMMARIES = {name: PRESSES[name] for name, entry in CATALOGUE.items() if entry.f
 
 
 #: The recommendations, chosen on the three development splits (RULER, prose, natural-text recall) at r = 0.5,
-#: 0.75 and 0.9 by the maximin rule: RECOMMENDED maximises the worst of its three scores relative to each
-#: regime's best press, among the presses holding at most kvpress top-k's bytes (+1 %) on the cache and decoding
-#: a step within 1.10 x snapkv's. Each KV head keeps the count KVzip's global top gives it, on a ragged cache
-#: (each head its own length): half of it KVzip's top entries, the rest pi_min-h's top; real eviction, no weights.
-#: RECOMMENDED_FAST is the same choice among the presses whose prefill takes at most 1.2 x snapkv's time and peak
-#: (Fast KVzip's learned gates, applied layer by layer). RECOMMENDED_PROSE and RECOMMENDED_RETRIEVAL are the
-#: per-regime picks.
-RECOMMENDED = "cross_kvzip_block1_a50_toprest_ragged"
-RECOMMENDED_FAST = "topk_gate_layers_recent25"
-RECOMMENDED_PROSE = "cross_kvzip_block1_a50_toprest_ragged"
+#: 0.75 and 0.9 by the maximin rule: the best worst of a press's three scores relative to each regime's best press,
+#: among the presses holding at most kvpress top-k's bytes (+1 %) on the cache and decoding a step within 1.10 x
+#: snapkv's. RECOMMENDED_FAST is the same choice among the presses whose prefill takes at most 1.2 x snapkv's time
+#: and peak; it becomes RECOMMENDED when its worst is within 0.03 of the best, and the press it replaces is then
+#: RECOMMENDED_SLOW. RECOMMENDED_PROSE and RECOMMENDED_RETRIEVAL are the per-regime picks.
+#: RECOMMENDED: each KV head keeps its count of a per-head budget profile learned offline, evicted in each layer's
+#: hook into a ragged cache (each head its own length): a quarter of it Fast KVzip's learned gate's top entries, the
+#: rest pi_min-h's top from 256 sampled query rows; real eviction, no weights. It needs the model's gate and profile
+#: (the embedded model's ship; ``kvprob train-gate`` trains another model's). RECOMMENDED_SLOW needs neither: the
+#: count KVzip's global top gives each head, half of it KVzip's top entries, the rest pi_min-h's top.
+RECOMMENDED = "topk_gate_profile_a25_minh256_ragged"
+RECOMMENDED_FAST = "topk_gate_profile_a25_minh256_ragged"
+RECOMMENDED_PROSE = "topk_gate_profile_a25_minh256_ragged"
+RECOMMENDED_SLOW = "cross_kvzip_block1_a50_toprest_ragged"
 RECOMMENDED_RETRIEVAL = "topk_kvzip_global"
 
 
