@@ -9,8 +9,10 @@ import torch
 from kvpress.utils import compute_n_kept
 
 from evaluation.tasks.prose.gate import cmd_train_gate
+from kvpress_prob.cache import head_entries, held_counts
 from kvpress_prob.integrations.kvpress_eval import register
 from kvpress_prob.learned import training as tr
+from kvpress_prob.learned.profile import learn_profile
 from kvpress_prob.names.registry import RECOMMENDED_FAST, get_press
 from kvpress_prob.presses import gate_store as gs
 from tests.conftest import random_ids, tiny_model
@@ -18,9 +20,10 @@ from tests.test_kvpress_eval import evaluate_setup_press
 
 
 def kept_keys(model, press, ids) -> list[torch.Tensor]:
+    """Every KV head's held keys (c_h, d), layer by layer, after ``press``'s prefill of ``ids``."""
     from evaluation.engine import press_prefill
 
-    return [layer.keys for layer in press_prefill(model, ids, press).layers]
+    return [keys for layer in press_prefill(model, ids, press).layers for keys, _ in head_entries(layer)]
 
 
 def test_a_gate_is_found_by_its_settings_never_by_its_age(tmp_path, monkeypatch):
@@ -29,6 +32,7 @@ def test_a_gate_is_found_by_its_settings_never_by_its_age(tmp_path, monkeypatch)
     contexts = [random_ids(48, seed=s) for s in (1, 2)]
     default, _ = tr.fit(model, contexts, gs.DEFAULT_CORPUS, gs.TrainSettings(batch_size=64), progress=False)
     short, _ = tr.fit(model, contexts, gs.DEFAULT_CORPUS, gs.TrainSettings(steps=5, batch_size=32), progress=False)
+    learn_profile(model, contexts, "test")  # the budget profile a profile press also needs (labels cached by fit)
     assert short.stat().st_mtime_ns >= default.stat().st_mtime_ns and default.stem != short.stem
     monkeypatch.setattr(gs, "DEFAULT_GATE", default.stem)  # the press's named default: these settings' gate
     ids = random_ids(64, seed=3)
@@ -97,7 +101,7 @@ def test_recommended_fast_runs_as_kvpress_evaluate_runs_it(tmp_path, monkeypatch
     assert isinstance(out["answer"], str) and press.gate_used == record["gate"] and lengths
     ids = tokenizer(context, return_tensors="pt").input_ids
     n, L, H = ids.shape[1], model.config.num_hidden_layers, model.config.num_key_value_heads
-    held = sum(k.shape[1] * k.shape[2] for k in kept_keys(model, press, ids))  # entries on the cache after the prefill
+    held = sum(len(k) for k in kept_keys(model, press, ids))  # entries on the cache after the prefill
     assert 0 < held <= L * H * compute_n_kept(n, 0.5) < L * H * n  # evicted at the set ratio
 
 
@@ -114,6 +118,7 @@ def test_harness_records_name_the_gate_and_equal_the_pipeline(tmp_path, monkeypa
     model.generation_config.eos_token_id = 2
     monkeypatch.setenv("KVPROB_CACHE", str(tmp_path))
     path, _ = tr.fit(model, [random_ids(60, seed=1)], "one", gs.TrainSettings(steps=3, batch_size=16), progress=False)
+    learn_profile(model, [random_ids(60, seed=1)], "test")
     gs.set_default(model, path.stem)
     gates = list(dict.fromkeys([RECOMMENDED_FAST, "topk_gate_layers_recent25", "topk_gate_widest"]))[:2]
     configs = configurations(gates, [0.5, 0.75], [0])

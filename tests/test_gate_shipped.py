@@ -14,6 +14,7 @@ from transformers import DynamicCache
 from kvpress_prob.integrations.kvpress_eval import register
 from kvpress_prob.learned import package
 from kvpress_prob.learned import training as tr
+from kvpress_prob.cache import held_counts
 from kvpress_prob.names.registry import RECOMMENDED_FAST, get_press
 from kvpress_prob.presses import artefacts as af
 from kvpress_prob.presses import gate_store as gs
@@ -75,7 +76,7 @@ def test_recommended_fast_runs_on_a_fresh_install(embedded, fresh):
     generated = get_press(RECOMMENDED_FAST, 0.5)
     seen = []
     handle = language_model(model).layers[1].self_attn.register_forward_pre_hook(
-        lambda m, a, k: seen.append((k["hidden_states"].shape[1], k["past_key_values"].layers[1].keys.shape[2]
+        lambda m, a, k: seen.append((k["hidden_states"].shape[1], sum(held_counts(k["past_key_values"].layers[1]))
                                      if k["past_key_values"].layers[1].keys is not None else 0)), with_kwargs=True)
     try:
         with torch.no_grad(), generated(model):
@@ -84,10 +85,11 @@ def test_recommended_fast_runs_on_a_fresh_install(embedded, fresh):
     finally:
         handle.remove()
     assert generated.gate_used == gs.DEFAULT_GATE and result.sequences.shape[1] == n + 3
-    held = [layer.keys.shape[2] - 2 for layer in result.past_key_values.layers]  # less the 2 decoded tokens
-    assert held == [compute_n_kept(n, 0.5)] * L  # every layer at kvpress's count: it evicted, with no training
+    H = model.config.num_key_value_heads
+    held = sum(c - 2 for layer in result.past_key_values.layers for c in held_counts(layer))  # less 2 decoded tokens
+    assert held == L * H * compute_n_kept(n, 0.5)  # snapkv's total, evicted with no training
     decoding = [cached for q_len, cached in seen[1:] if q_len == 1]
-    assert decoding and all(c < n for c in decoding)  # decoding reads the compressed cache
+    assert decoding and all(c < H * n for c in decoding)  # decoding reads the compressed cache (all heads' entries)
 
 
 def test_the_16_bit_copy_keeps_the_float32_gates_kept_sets(embedded):

@@ -1,5 +1,6 @@
 """The two-step generate pattern of docs/snippets/generate_recommended.py, run as written, and the KVzip presses'
-public ``compress``: the same kept set as the press's own ``with`` block, the context's real positions."""
+public ``compress``: the same kept set as the press's own ``with`` block, the context's real positions. The tiny
+random models have no trained gate or profile: RECOMMENDED runs on untrained stand-ins (``learned.stand_in``)."""
 
 import re
 import runpy
@@ -11,6 +12,7 @@ from transformers import DynamicCache
 
 from kvpress_prob import RECOMMENDED, RECOMMENDED_RETRIEVAL, get_press
 from kvpress_prob.cache import head_entries, held_counts
+from kvpress_prob.learned.stand_in import stand_in_artefacts
 from kvpress_prob.presses.kvzip_scoring import clear_scores
 from kvpress_prob.presses.sampling import language_model
 from tests.conftest import random_ids, tiny_model
@@ -55,6 +57,11 @@ def greedy(model, cache, question, n, steps):
 def test_the_snippet_generates_at_the_contexts_positions_as_the_pipeline_decodes():
     generate_compressed = runpy.run_path(str(SNIPPET))["generate_compressed"]
     model = tiny_model("llama")
+    with stand_in_artefacts(model):
+        snippet_generates_at_the_contexts_positions(model, generate_compressed)
+
+
+def snippet_generates_at_the_contexts_positions(model, generate_compressed):
     context, question = random_ids(N, seed=1), random_ids(Q, seed=2)
     seen = []
     hook = language_model(model).register_forward_pre_hook(
@@ -77,7 +84,13 @@ def test_the_snippet_generates_at_the_contexts_positions_as_the_pipeline_decodes
 
 
 def test_generate_under_recommended_compresses_before_decoding_at_the_contexts_positions():
-    model, prompt = tiny_model("llama"), random_ids(N, seed=5)
+    model = tiny_model("llama")
+    with stand_in_artefacts(model):
+        generate_compresses_before_decoding(model)
+
+
+def generate_compresses_before_decoding(model):
+    prompt = random_ids(N, seed=5)
     seen, cache = [], DynamicCache()
 
     def spy(module, args, kwargs):  # registered after the press's hook: sees what the decoding forward runs with

@@ -11,7 +11,7 @@ import copy
 import pytest
 import torch
 
-from kvpress_prob.names.registry import RECOMMENDED, RECOMMENDED_PROSE, get_press
+from kvpress_prob.names.registry import RECOMMENDED_SLOW, get_press
 from kvpress_prob.presses import kvzip_scoring
 from kvpress_prob.samplers.base import top_by_rank
 from kvpress_prob.samplers.cross import CrossTopSampler
@@ -122,7 +122,7 @@ def refuses(name: str, **override) -> bool:
     return False
 
 
-@pytest.mark.parametrize("name", [RECOMMENDED, RECOMMENDED_PROSE, WIDEST_TOPREST, "topk_kvzip_head", "topk_kvzip_layers"])
+@pytest.mark.parametrize("name", [RECOMMENDED_SLOW, WIDEST_TOPREST, "topk_kvzip_head", "topk_kvzip_layers"])
 def test_a_deterministic_sampler_refuses_correct_and_floor(name):
     assert refuses(name, correct=False) and refuses(name, floor=0.2) and refuses(name, seed=1)
 
@@ -133,7 +133,7 @@ def test_a_random_sampler_reads_correct_and_floor():
 
 
 def test_the_check_rejects_an_ignored_correct(monkeypatch):
-    for name in (RECOMMENDED, WIDEST_TOPREST):
+    for name in (RECOMMENDED_SLOW, WIDEST_TOPREST):
         cls = type(get_press(name, 0.5))
         original = cls.unused_fields
         monkeypatch.setattr(cls, "unused_fields", lambda self, original=original: original(self) - {"correct"})

@@ -8,7 +8,7 @@ from kvpress import KVzipPress
 from evaluation.engine import cache_summary, press_prefill
 from kvpress_prob.presses import kvzip_scoring
 from kvpress_prob.presses.kvzip import KVzipSampledPress
-from kvpress_prob.names.registry import RECOMMENDED, RECOMMENDED_PROSE, get_press
+from kvpress_prob.names.registry import RECOMMENDED_SLOW, get_press
 from tests.conftest import random_ids, tiny_model
 
 N = 64  # context tokens of every prefill here
@@ -117,7 +117,7 @@ def test_allocation_over_layers_holds_at_most_kvpress_bytes_without_padding(pref
 
 
 @pytest.mark.parametrize("name", ["topk_kvzip_widest", "topk_kvzip_ragged_fit", "prob_kvzip_priority_head",
-                                  "cross_kvzip_block1_a75_mix50_layers", RECOMMENDED, RECOMMENDED_PROSE])
+                                  "cross_kvzip_block1_a75_mix50_layers", RECOMMENDED_SLOW])
 def test_the_shared_prefill_compresses_a_kvzip_press_as_its_own_prefill_does(name):
     """``Prefill.compress`` of a KVzip press (no prefill of its own: the shared cache, the tail proposal from the
     shared hooks; the recommendations' tail + widest path included) leaves the same keys, values and correction bias as a prefill under the press, each computing

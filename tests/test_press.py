@@ -245,18 +245,24 @@ def explicit_answer(model, tokenizer, press, inputs, n_tokens):
 
 
 def test_recommended_presses_are_registered_and_deterministic():
-    from kvpress_prob.presses.gate import GatePress
+    from kvpress_prob.presses.gate_profile import ProfileGatePress
     from kvpress_prob.presses.kvzip_alloc import KVzipAllocatedPress
     from kvpress_prob.presses.ragged_presses import KVzipRaggedPress
+    from kvpress_prob.proposals.attention import SampledMinVarianceProposal
     from kvpress_prob.samplers.cross import CrossTopSampler
     from kvpress_prob.names.registry import (RECOMMENDED, RECOMMENDED_FAST, RECOMMENDED_PROSE, RECOMMENDED_RETRIEVAL,
-                                             is_sampling)
+                                             RECOMMENDED_SLOW, is_sampling)
 
-    assert {RECOMMENDED, RECOMMENDED_PROSE, RECOMMENDED_RETRIEVAL} <= set(PRESSES) and RECOMMENDED_FAST in PRESSES
-    for name in (RECOMMENDED, RECOMMENDED_PROSE):  # KVzip's top and pi_min-h's top in each head's count, no weights
+    picks = (RECOMMENDED, RECOMMENDED_FAST, RECOMMENDED_PROSE, RECOMMENDED_RETRIEVAL, RECOMMENDED_SLOW)
+    assert all(name in PRESSES for name in picks)  # learned presses build by name, outside the catalogue sweeps
+    for name in (RECOMMENDED, RECOMMENDED_FAST, RECOMMENDED_PROSE):  # the profile's counts: gate's top, pi_min-h's
         press = get_press(name, 0.5)
-        assert isinstance(press, KVzipRaggedPress) and isinstance(press.sampler, CrossTopSampler)
-        assert press.sampler.alpha == 0.5 and not press.sampler.random
+        assert isinstance(press, ProfileGatePress) and isinstance(press.fill, SampledMinVarianceProposal)
+        assert (press.fill_share, press.fill.query_rows, press.scope) == (0.75, 256, "head")
+        with pytest.raises(ValueError, match="no field 'correct'"):  # deterministic: nothing to correct
+            get_press(name, 0.5, correct=False)
+    press = get_press(RECOMMENDED_SLOW, 0.5)  # KVzip's top and pi_min-h's top in each head's count, no weights
+    assert isinstance(press, KVzipRaggedPress) and isinstance(press.sampler, CrossTopSampler)
+    assert press.sampler.alpha == 0.5 and not press.sampler.random
     assert isinstance(get_press(RECOMMENDED_RETRIEVAL, 0.5), KVzipAllocatedPress)
-    assert isinstance(get_press(RECOMMENDED_FAST, 0.5), GatePress)
-    assert not any(map(is_sampling, (RECOMMENDED, RECOMMENDED_FAST, RECOMMENDED_PROSE, RECOMMENDED_RETRIEVAL)))
+    assert not any(map(is_sampling, picks))

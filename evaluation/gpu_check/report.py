@@ -84,7 +84,8 @@ def price_lines(report: dict) -> list[str]:
     cell = lambda r, s: f"{r[f'{s}_over_snapkv']:.2f} [{r[f'{s}_over_snapkv_lo']:.2f}, {r[f'{s}_over_snapkv_hi']:.2f}]"  # noqa: E731
     lines = ["", f"## Price of RECOMMENDED = `{report.get('recommended')}` over snapkv's (price.jsonl)", "",
              "Median [range] over rounds of the per-round ratio; KVzip's scores fresh at every prefill; decode at the "
-             "kept length; peak: max_memory_allocated above the start.", "",
+             "kept length; peak: max_memory_allocated above the start. Learned gate and profile: "
+             f"{report.get('learned_artefacts', 'trained for the model')}.", "",
              "| model | n | rounds | prefill time | prefill peak | (peak - snapkv's) / K+V | decode step | decoded by |",
              "| :--- | ---: | ---: | ---: | ---: | ---: | ---: | :--- |"]
     for r in rows:

@@ -102,6 +102,7 @@ def main(argv=None) -> dict:
     from evaluation.bench.speed import price
     from evaluation.gpu_check import checks, models
     from kvpress_prob import attention_dispatch
+    from kvpress_prob.learned.stand_in import stand_in_artefacts
     from kvpress_prob.names.registry import RECOMMENDED
 
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -121,6 +122,7 @@ def main(argv=None) -> dict:
     rows["price"], rows["compilations"] = [], {}
     rows["ragged_accuracy"], rows["ragged_decode"] = {}, []
     report["recommended"] = RECOMMENDED
+    report["learned_artefacts"] = "untrained stand-ins (random weights): prices only"
     for name in args.models:
         cfg = models.config(name, args.dry_run)
         hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -139,8 +141,10 @@ def main(argv=None) -> dict:
                 meta = {"model": name, "device": report["device"], "dtype": str(model.dtype),
                         "threads": torch.get_num_threads(), "n": n, "ratio": args.ratio, "decode_steps": args.decode_steps,
                         "command": "kvprob gpu-check " + shlex.join(argv), "loadavg": None}
-                raw = price.run_here(model, ids, ["snapkv", RECOMMENDED], args.ratio, PRICE_ROUNDS.get(n, 2),
-                                     args.decode_steps, 2, log=lambda line: print(f"[gpu-check] {name} n={n} {line}", flush=True))
+                with stand_in_artefacts(model):  # random weights: untrained gate and profile, their price only
+                    raw = price.run_here(model, ids, ["snapkv", RECOMMENDED], args.ratio, PRICE_ROUNDS.get(n, 2),
+                                         args.decode_steps, 2,
+                                         log=lambda line: print(f"[gpu-check] {name} n={n} {line}", flush=True))
                 rows["price"] += price.summarise(raw, meta | {"elapsed_s": time.time() - began}).assign(
                     kv_full_bytes=kv).to_dict(orient="records")
             caches, snapkv_peak = {}, None

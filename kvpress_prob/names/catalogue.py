@@ -65,7 +65,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("ours", "calibrated", "prob_<scorer>_block8_priority_<rank|ent>", "ours", "measured", "calibrated"),
     Family("ours", "decoding", "<decode|prob_decode>_<proposal>_<design>",
            "kvpress DecodingPress; VaSE (arXiv 2606.03928) for value protection", "measured", "decoding"),
-    Family("ours", "learned gates", "topk_gate_<widest|ragged|layers>[_recent<pct>]",
+    Family("ours", "learned gates", "topk_gate_<widest|ragged|layers>[_recent<pct>], topk_gate_profile_<...>_ragged",
            "Fast KVzip (Kim, Han, Yun 2026, arXiv 2601.17668)", "learned", "the-fast-presss-gate"),
     Family("ours", "entropy hybrids", "<prob|hybrid>_<proposal>[_block8]_ent_alpha[_nocorr]", "ours", "dropped",
            "entropy-hybrids"),
@@ -150,7 +150,10 @@ NAMED_SHIPPED: dict[str, str] = {
         "prob_decode_min_variance_priority_floor20_heads", "decode_attn_topk_heads")},
     **{f"topk_kvzip_{a}": "top-k twins" for a in ("padded", "widest", "ragged_fit", "global")},
     **{f"topk_gate_{a}": "learned gates" for a in ("widest", "ragged", "layers", "layers_recent10", "layers_recent25",
-                                                   "layers_recent50")},
+                                                   "layers_recent50", "profile_ragged", "profile_layers_ragged",
+                                                   "profile_recent10_ragged", "profile_recent25_ragged",
+                                                   "profile_a25_minh256_ragged", "profile_a50_minh256_ragged",
+                                                   "profile_a75_minh256_ragged")},
 }
 
 @dataclass(frozen=True)
