@@ -313,3 +313,28 @@ def test_learn_profile_writes_the_users_profile_which_loads_before_the_packages(
     assert torch.allclose(profile.shares.double().sum((-2, -1)), torch.ones(len(GRID), dtype=torch.float64))
     with pytest.raises(ValueError, match="learned for the model"):
         load_profile("llama-000000000000", heads, path)
+
+
+def test_stand_ins_run_the_learned_press_on_an_untrained_model_and_leave_no_trace(monkeypatch):
+    """A model nothing was trained for: RECOMMENDED refuses, naming `kvprob train-gate`; under untrained stand-ins it
+    evicts to snapkv's total (uniform profile); afterwards $KVPROB_CACHE is what it was and the refusal is back."""
+    import os
+
+    from kvpress_prob.learned.stand_in import stand_in_artefacts
+    from kvpress_prob.names.registry import RECOMMENDED
+
+    model, ratio = tiny_model("llama"), 0.5
+    ids = random_ids(N, seed=51)
+    monkeypatch.setenv("KVPROB_CACHE", "/nonexistent-kvprob-cache")
+    with pytest.raises(FileNotFoundError, match="kvprob train-gate"):
+        press_prefill(model, ids, get_press(RECOMMENDED, ratio))
+    with stand_in_artefacts(model) as folder:
+        assert os.environ["KVPROB_CACHE"] == str(folder)
+        press = get_press(RECOMMENDED, ratio)
+        cache = press_prefill(model, ids, press)
+        assert press.gate_used.startswith("stand-in-untrained")
+    L, H = model.config.num_hidden_layers, model.config.num_key_value_heads
+    assert sum(sum(layer.lengths) for layer in cache.layers) == L * H * compute_n_kept(N, ratio)
+    assert os.environ["KVPROB_CACHE"] == "/nonexistent-kvprob-cache" and not folder.exists()
+    with pytest.raises(FileNotFoundError, match="kvprob train-gate"):
+        press_prefill(model, ids, get_press(RECOMMENDED, ratio))
