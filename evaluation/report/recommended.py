@@ -42,7 +42,7 @@ from kvpress_prob.names import registry
 
 ROOT = price.ROOT
 #: The test-split table the quality and evidence come from.
-TEST_TABLE = ROOT / "results" / "rule" / "test-maximin-round4.md"
+TEST_TABLE = ROOT / "results" / "rule" / "test-maximin-round5.md"
 #: The price records: every record of the price bench (a folder may hold one record per ratio).
 PRICE_RECORDS = "results/bench/**/price.jsonl"
 #: The ratio the table's price is read at: every priced press has a record there, so the rows compare.
@@ -54,11 +54,13 @@ LABELS = {"RECOMMENDED": "default", "RECOMMENDED_FAST": "fast", "RECOMMENDED_PRO
           "RECOMMENDED_RETRIEVAL": "retrieval", "RECOMMENDED_SLOW": "slow"}
 #: constant -> what it is for, in one line.
 PURPOSE = {
-    "RECOMMENDED": "the best worst case over retrieval, prose and recall, at kvpress top-k's memory",
+    "RECOMMENDED": "the best worst case over retrieval, prose and recall on the development splits, at kvpress "
+                   "top-k's memory",
     "RECOMMENDED_FAST": f"the same choice among presses prefilling within {FAST:g} x snapkv's time; the embedded "
                         "model's gate ships, another model's is trained by kvprob train-gate",
-    "RECOMMENDED_PROSE": "the best on prose (next-token KL to the full cache), at kvpress top-k's memory",
-    "RECOMMENDED_RETRIEVAL": "the best on RULER retrieval, at kvpress top-k's memory",
+    "RECOMMENDED_PROSE": "the best on prose (next-token KL to the full cache) on the development splits, at kvpress "
+                         "top-k's memory",
+    "RECOMMENDED_RETRIEVAL": "the best on RULER retrieval on the development splits, at kvpress top-k's memory",
     "RECOMMENDED_SLOW": "the pick the fast one replaced; it needs no trained gate or profile, for a model "
                         "kvprob train-gate has not trained",
 }
