@@ -22,7 +22,7 @@ def test_rows_are_the_registry_constants(recs):
     constants = sorted(n for n in vars(registry) if re.fullmatch(r"RECOMMENDED(_[A-Z]+)?", n))
     assert sorted(r.constant for r in recs) == constants
     assert {r.constant: r.press for r in recs} == {c: getattr(registry, c) for c in constants}
-    assert [r.label for r in recs] == ["default", "fast", "prose", "retrieval"]
+    assert [r.label for r in recs] == ["default", "fast", "prose", "retrieval", "slow"]
 
 
 def test_quality_is_the_test_table_row(recs):

@@ -61,7 +61,7 @@ PURPOSE = {
     "RECOMMENDED_PROSE": "the best on prose (next-token KL to the full cache) on the development splits, at kvpress "
                          "top-k's memory",
     "RECOMMENDED_RETRIEVAL": "the best on RULER retrieval on the development splits, at kvpress top-k's memory",
-    "RECOMMENDED_SLOW": "the pick the fast one replaced; it needs no trained gate or profile, for a model "
+    "RECOMMENDED_SLOW": "the exact press the merge replaced; it needs no trained gate or profile, for a model "
                         "kvprob train-gate has not trained",
 }
 NO_PRICE = "no price record"
