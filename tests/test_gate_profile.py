@@ -161,13 +161,13 @@ def fill_keep(gate: torch.Tensor, fill: torch.Tensor, counts: torch.Tensor, n_si
     return keep
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("arch,dtype", [("llama", torch.float32), ("llama", torch.bfloat16), ("qwen3", torch.float32)])
 @pytest.mark.parametrize("share,ratio", [(0.5, 0.5), (0.25, 0.75), (0.75, 0.9)])
-def test_the_fill_keeps_its_share_as_its_top_outside_the_gates_top(dtype, share, ratio):
+def test_the_fill_keeps_its_share_as_its_top_outside_the_gates_top(arch, dtype, share, ratio):
     """The fill (pi_min-h from 16 sampled rows, the proposal recomputed independently on a plain prefill's cache)
     takes floor(share * count) of each head's count; the gate keeps the rest; in the hooks and in the engine's shared
-    prefill alike."""
-    model = tiny_model("llama", dtype=dtype)
+    prefill alike; on Llama (fp32, bf16) and Qwen3 (its query and key norms)."""
+    model = tiny_model(arch, dtype=dtype)
     ids, gates, profile = random_ids(N, seed=41), random_gates(model), skewed_profile(3, 2, seed=8)
     scores = tr.gate_scores(gates, lb.attention_inputs(model, ids))
     fill = SampledMinVarianceProposal(query_rows=16, row_seed=3)
@@ -277,9 +277,10 @@ def test_engine_shared_prefill_matches_the_press_and_names_read_back():
 
 
 def test_the_shipped_profile_names_its_model_and_sums_exactly():
-    from kvpress_prob.presses.budget_profile import ARTEFACTS, profile_path
+    from kvpress_prob.presses.artefacts import PACKAGE_DIR
+    from kvpress_prob.presses.budget_profile import profile_path
 
-    files = sorted(ARTEFACTS.glob("*/profile.safetensors"))
+    files = sorted(PACKAGE_DIR.glob("*/profile.safetensors"))
     assert files  # the embedded model's profile is package data
     for path in files:
         key = path.parent.name

@@ -30,10 +30,6 @@ from kvpress.utils import compute_n_kept
 from kvpress_prob.presses import artefacts
 from kvpress_prob.samplers.base import check_ratio
 
-#: The package's profiles (package data, written by ``learned.profile``): one per model key,
-#: ``<model key>/profile.safetensors``.
-ARTEFACTS = artefacts.PACKAGE_DIR
-
 
 @dataclass(frozen=True)
 class Profile:
@@ -138,8 +134,8 @@ PROFILE_FILE = "profile.safetensors"
 
 
 def profile_path(model_key: str) -> Path:
-    """The package's profile file for the model key ``model_key``: ``ARTEFACTS/<model key>/profile.safetensors``."""
-    return ARTEFACTS / model_key / PROFILE_FILE
+    """The package's profile file for the model key ``model_key``: ``artefacts.PACKAGE_DIR/<model key>/profile.safetensors``."""
+    return artefacts.PACKAGE_DIR / model_key / PROFILE_FILE
 
 
 def load_profile(model_key: str, heads: tuple[int, int], path: Path | None = None) -> Profile:
@@ -162,5 +158,5 @@ def load_profile(model_key: str, heads: tuple[int, int], path: Path | None = Non
     return profile
 
 
-__all__ = ["ARTEFACTS", "Profile", "largest_remainder", "load_profile", "profile_counts", "PROFILE_FILE", "profile_path",
+__all__ = ["Profile", "largest_remainder", "load_profile", "profile_counts", "PROFILE_FILE", "profile_path",
            "read_profile"]
