@@ -110,7 +110,8 @@ def regimes_table(out: Path):
     recall.columns = [f"{a} r={b:g}" for a, b in recall.columns]
     contexts = df.groupby("regime")["context"].nunique().to_dict()
     print("# Kept-set recall of KVzip's global top under each press's own allocation (development contexts held out "
-          "from the gate's and the profile's fitting, SmolLM2-135M, 1022 to 1048 tokens)\n")
+          f"from the gate's and the profile's fitting, SmolLM2-135M, {df['n_context'].min()} to {df['n_context'].max()} "
+          "tokens)\n")
     print(f"Contexts per regime: {contexts}. Recall = |kept & topk_kvzip_global's kept| / |topk_kvzip_global's "
           f"kept|, same context and ratio; largest key-matching distance {df['match_distance_max'].max():.2g}.\n")
     command = usage("regimes").replace("OUT PRESS ...", f"{out} {' '.join(sorted(df['press'].unique()))}")
