@@ -52,6 +52,14 @@ def usage(command: str) -> str:
     return next(line.strip() for line in __doc__.splitlines() if f"fast_cache {command} " in line)
 
 
+def finished(out: Path, key: str) -> set:
+    """The (``key``, press, ratio) triples ``out`` already records; creates its folder."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not out.exists():
+        return set()
+    return {(r[key], r["press"], r["compression_ratio"]) for r in map(json.loads, out.read_text().splitlines())}
+
+
 def kept_sets(model, ids: torch.Tensor):
     """A function (press name, ratio) -> (keep (L, H, n) bool, largest matching distance) on the context ``ids``: the
     positions each head holds after the press compresses the context as the pipeline does."""
@@ -77,10 +85,7 @@ def regimes(out: Path, presses: list[str]):
     from experiments.fast_profile import measuring_contexts
 
     torch.set_num_threads(1)
-    done = set()
-    if out.exists():
-        done = {(r["context"], r["press"], r["compression_ratio"]) for r in map(json.loads, out.read_text().splitlines())}
-    out.parent.mkdir(parents=True, exist_ok=True)
+    done = finished(out, "context")
     model, tokenizer = common.load(None)
     for regime, context, ids in measuring_contexts(model, tokenizer):
         todo = [(p, r) for p in presses for r in RATIOS if (context, p, r) not in done]
@@ -126,10 +131,7 @@ def main(out: Path = OUT, presses: list[str] = PRESSES):
     from experiments.zip_gap import find, ruler_dev
 
     torch.set_num_threads(1)
-    done = set()
-    if out.exists():
-        done = {(r["example_id"], r["press"], r["compression_ratio"]) for r in map(json.loads, out.read_text().splitlines())}
-    out.parent.mkdir(parents=True, exist_ok=True)
+    done = finished(out, "example_id")
     model, tokenizer = common.load(None)
     pipe = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer)
     for row in ruler_dev(tokenizer):
