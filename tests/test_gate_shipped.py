@@ -23,7 +23,7 @@ from kvpress_prob.presses.sampling import language_model
 from tests.conftest import random_ids, tiny_model
 from tests.test_kvpress_eval import evaluate_setup_press
 
-CONTEXT = " ".join(f"The code of room {i} is {i * 37 % 101}." for i in range(120))
+CONTEXT = " ".join(f"The code of room {i} is {i * 37 % 101}." for i in range(40))
 
 
 @pytest.fixture(scope="module")
@@ -124,13 +124,12 @@ def test_pack_and_the_stored_rounding():
 
 
 def test_a_gate_of_another_model_or_shape_refuses_to_load(tmp_path, monkeypatch, embedded):
-    model = tiny_model("llama", layers=2)
-    monkeypatch.setenv("KVPROB_CACHE", str(tmp_path))
+    model, other, more_heads = (tiny_model("llama", layers=2) for _ in range(3))  # before the cache moves: no
+    monkeypatch.setenv("KVPROB_CACHE", str(tmp_path))  # second conversion of the embedded model into tmp_path
     path, _ = tr.fit(model, [random_ids(40, seed=1)], "one", gs.TrainSettings(steps=3, batch_size=16), progress=False)
     ids = random_ids(32, seed=2)
     with GatePress(compression_ratio=0.5, gate=str(path))(model):  # its own model loads it
         model.model(input_ids=ids, past_key_values=DynamicCache())
-    other = tiny_model("llama", layers=2)
     with torch.no_grad():
         other.model.layers[0].self_attn.k_proj.weight.neg_()  # same shapes, other weights: another model
     assert af.shapes(other) == af.shapes(model) and af.model_key(other) != af.model_key(model)
@@ -140,7 +139,6 @@ def test_a_gate_of_another_model_or_shape_refuses_to_load(tmp_path, monkeypatch,
     with pytest.raises(FileNotFoundError, match="kvprob train-gate"):  # by name: not in the other model's folder
         with GatePress(compression_ratio=0.5, gate=path.stem)(other):
             pass
-    more_heads = tiny_model("llama", layers=2)
     more_heads.config.num_key_value_heads = 4  # the shapes the metadata records, checked before the weights
     with pytest.raises(ValueError, match="num_key_value_heads 2 \\(this model: 4\\)"):
         af.check_model(more_heads, af.read_meta(path), path, "gate")
