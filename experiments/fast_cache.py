@@ -36,15 +36,27 @@ def needle_summary(keep: torch.Tensor, spans: list[list[int]]) -> dict:
     fraction of needle tokens kept, the spread of kept counts over heads, the share of kept entries in the last 10 %."""
     from evaluation.metrics.survival import survival
 
-    L, H, n = keep.shape
     whole = [keep[..., span].all(-1) for span in spans]  # each (L, H)
     counts = keep.sum(-1).double()  # (L, H)
     return {"heads_whole": survival(keep, spans)["survival"],
             "layers_any_head": sum(float(w.any(-1).double().sum()) for w in whole) / len(spans),
             "needle_tokens_kept": sum(float(keep[..., span].double().mean()) for span in spans) / len(spans),
-            "count_min": int(counts.min()), "count_max": int(counts.max()),
-            "count_cv": float(counts.std() / counts.mean()),
+            **spread(keep), "count_cv": float(counts.std() / counts.mean())}
+
+
+def spread(keep: torch.Tensor) -> dict:
+    """keep (L, H, n) bool: the fewest and most entries a head keeps, and the share of kept entries in the last 10 %."""
+    counts = keep.sum(-1)  # (L, H)
+    n = keep.shape[-1]
+    return {"count_min": int(counts.min()), "count_max": int(counts.max()),
             "last10_share": int(keep[..., int(0.9 * n):].sum()) / int(keep.sum())}
+
+
+def append(out: Path, record: dict):
+    """One JSON line more in ``out``, echoed to stderr."""
+    with out.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+    print(json.dumps(record), file=sys.stderr, flush=True)
 
 
 def usage(command: str) -> str:
@@ -95,16 +107,10 @@ def regimes(out: Path, presses: list[str]):
         reference = {r: kept("topk_kvzip_global", r)[0] for r in sorted({r for _, r in todo})}
         for name, ratio in todo:
             keep, distance = kept(name, ratio)
-            counts = keep.sum(-1).double()
-            n = keep.shape[-1]
-            record = {"regime": regime, "context": context, "press": name, "compression_ratio": ratio,
-                      "n_context": n, "match_distance_max": distance,
-                      "kvzip_recall": int((keep & reference[ratio]).sum()) / int(reference[ratio].sum()),
-                      "count_min": int(counts.min()), "count_max": int(counts.max()),
-                      "last10_share": int(keep[..., int(0.9 * n):].sum()) / int(keep.sum())}
-            with out.open("a") as f:
-                f.write(json.dumps(record) + "\n")
-            print(json.dumps(record), file=sys.stderr, flush=True)
+            append(out, {"regime": regime, "context": context, "press": name, "compression_ratio": ratio,
+                         "n_context": keep.shape[-1], "match_distance_max": distance,
+                         "kvzip_recall": int((keep & reference[ratio]).sum()) / int(reference[ratio].sum()),
+                         **spread(keep)})
 
 
 def regimes_table(out: Path):
@@ -115,8 +121,8 @@ def regimes_table(out: Path):
     recall.columns = [f"{a} r={b:g}" for a, b in recall.columns]
     contexts = df.groupby("regime")["context"].nunique().to_dict()
     print("# Kept-set recall of KVzip's global top under each press's own allocation (development contexts held out "
-          f"from the gate's and the profile's fitting, SmolLM2-135M, {df['n_context'].min()} to {df['n_context'].max()} "
-          "tokens)\n")
+          "from the gate's and the profile's fitting, SmolLM2-135M, "
+          f"{df['n_context'].min()} to {df['n_context'].max()} tokens)\n")
     print(f"Contexts per regime: {contexts}. Recall = |kept & topk_kvzip_global's kept| / |topk_kvzip_global's "
           f"kept|, same context and ratio; largest key-matching distance {df['match_distance_max'].max():.2g}.\n")
     command = usage("regimes").replace("OUT PRESS ...", f"{out} {' '.join(sorted(df['press'].unique()))}")
@@ -146,13 +152,10 @@ def main(out: Path = OUT, presses: list[str] = PRESSES):
         reference = {r: kept("topk_kvzip_global", r)[0] for r in sorted({r for _, r in todo})}
         for name, ratio in todo:
             keep, distance = kept(name, ratio)
-            record = {"example_id": row["id"], "task": row["task"], "press": name, "compression_ratio": ratio,
-                      "n_context": ids.shape[1], "needles": len(spans), "match_distance_max": distance,
-                      "kvzip_recall": int((keep & reference[ratio]).sum()) / int(reference[ratio].sum()),
-                      **needle_summary(keep, spans)}
-            with out.open("a") as f:
-                f.write(json.dumps(record) + "\n")
-            print(json.dumps(record), file=sys.stderr, flush=True)
+            append(out, {"example_id": row["id"], "task": row["task"], "press": name, "compression_ratio": ratio,
+                         "n_context": ids.shape[1], "needles": len(spans), "match_distance_max": distance,
+                         "kvzip_recall": int((keep & reference[ratio]).sum()) / int(reference[ratio].sum()),
+                         **needle_summary(keep, spans)})
 
 
 def table(out: Path = OUT):

@@ -134,7 +134,8 @@ PROFILE_FILE = "profile.safetensors"
 
 
 def profile_path(model_key: str) -> Path:
-    """The package's profile file for the model key ``model_key``: ``artefacts.PACKAGE_DIR/<model key>/profile.safetensors``."""
+    """The package's profile file for the model key ``model_key``:
+    ``artefacts.PACKAGE_DIR/<model key>/profile.safetensors``."""
     return artefacts.PACKAGE_DIR / model_key / PROFILE_FILE
 
 
