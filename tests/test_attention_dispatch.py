@@ -67,6 +67,7 @@ print("one wrapper above kvpress's", sorted(attention_dispatch.handlers()))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("order", ["correction-first", "ragged-first"])
 def test_one_wrapper_above_kvpress_in_either_order(order):
     """A fresh interpreter: entering a SamplingPress (the correction) and evicting a ragged layer, in either order,
